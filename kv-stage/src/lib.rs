@@ -1,0 +1,104 @@
+//! # kv-stage: a software-defined storage data plane stage
+//!
+//! Every request a layer makes (a file read, a WAL append, a key-value put)
+//! is described by a [`Context`] and handed to a [`Stage`]. The stage picks a
+//! *channel* and, inside it, an *enforcement object* (a [`Noop`], a [`Drl`]
+//! rate limiter, [`Qos`] limits, or your own), lets the object admit the
+//! request, and counts it. A control plane reads [`Stage::collect`] and
+//! [`Stage::stage_info`], and changes the stage live with [`Rule`]s.
+//!
+//! This crate knows nothing about RocksDB; `rocks-env` wires RocksDB's file
+//! system and event listener to a stage, and `controller` runs control loops.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use kv_stage::{Context, ContextScope, RequestContext, RequestType, RuleSet, RulesFormat, Stage};
+//!
+//! // Flushes share 64 MiB/s; compactions from L1 down get 16 MiB/s.
+//! let rules = r#"
+//! version = 1
+//! [[rules]]
+//! op = "create_channel"
+//! channel = "flush"
+//! match = { context = "bg_flush" }
+//! [[rules]]
+//! op = "create_object"
+//! channel = "flush"
+//! object = "drl"
+//! spec = { kind = "drl", rate = "64MiB/s" }
+//! [[rules]]
+//! op = "create_channel"
+//! channel = "compaction"
+//! match = { context = ["bg_compaction_L0_L1", "bg_compaction_LN"] }
+//! [[rules]]
+//! op = "create_object"
+//! channel = "compaction"
+//! object = "ln"
+//! spec = { kind = "drl", rate = "16MiB/s" }
+//! match = { context = "bg_compaction_LN" }
+//! "#;
+//! let stage = Arc::new(Stage::new("db"));
+//! let set = RuleSet::parse(rules, RulesFormat::Toml, None, &Default::default()).unwrap();
+//! stage.apply(&set).unwrap();
+//!
+//! // A flush thread tags its I/O; the stage routes it to the flush DRL.
+//! let _flush = ContextScope::enter(RequestContext::BG_FLUSH);
+//! stage.enforce(&Context::new(RequestType::Write, 1 << 20)).unwrap();
+//! assert_eq!(stage.select(&Context::new(RequestType::Write, 0)).1.as_deref(), Some("flush/drl"));
+//!
+//! // A controller lowers the rate live.
+//! stage.configure("flush", "drl", kv_stage::ObjectConfig::rate("32MiB/s".parse().unwrap())).unwrap();
+//! let stats = stage.collect();
+//! assert_eq!(stats.context(RequestContext::BG_FLUSH).bytes, 1 << 20);
+//! ```
+//!
+//! Invariants the code keeps (see `ARCHITECTURE.md`): nothing sleeps while
+//! holding a lock on the enforce path; the enforce path allocates nothing and
+//! hashes no strings; per-request counters are written by one thread each; a
+//! batch of rules applies all or nothing.
+
+#![forbid(unsafe_code)]
+
+mod context;
+mod error;
+mod layers;
+mod matching;
+mod objects;
+pub mod paio;
+mod route;
+mod rules;
+mod stage;
+mod stats;
+pub mod units;
+
+pub use context::{Context, ContextScope, InstanceId, RequestContext, RequestType, WorkflowId, with_context};
+pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Result};
+pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
+pub use matching::{FieldMatch, Match};
+pub use objects::{
+    BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSpec, EnforcementObject, Noop, Object, ObjectConfig,
+    ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
+};
+pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
+pub use stage::{
+    ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, DEFAULT_CHANNEL, ObjectCounters,
+    ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage, StageInfo, WorkflowCounters,
+};
+pub use stats::{MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
+pub use units::{Amount, Rate, RateUnit};
+
+/// Internals exposed for the criterion benchmarks only; not a stable API.
+#[doc(hidden)]
+pub mod __bench {
+    use crate::{Context, Stage};
+
+    /// Channel selection alone: the channel index a request goes to.
+    pub fn select_channel(stage: &Stage, ctx: &Context) -> u32 {
+        stage.bench_select_channel(ctx)
+    }
+
+    /// Object selection alone, inside the channel of the request.
+    pub fn select_object(stage: &Stage, ctx: &Context) -> Option<u32> {
+        stage.bench_select_object(ctx)
+    }
+}

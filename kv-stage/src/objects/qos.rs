@@ -1,0 +1,257 @@
+//! Per-volume QoS limits after the LINSTOR / cgroup v2 `io.max` model: four
+//! independent limits, `rbps`, `wbps`, `riops`, `wiops`; an unset limit is
+//! unlimited. Unlike a cgroup limit, each one changes live.
+//!
+//! Reads are `read`, `get`, `scan` and `multi_get` requests; writes are
+//! `write`, `sync`, `put`, `write_batch`, `merge` and `delete`. Other requests
+//! (open, close, rename, metadata) pass. A request waits for its bandwidth
+//! limit, then for its IOPS limit.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::bucket::Bucket;
+use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, burst_for};
+use crate::context::Context;
+use crate::error::Rejection;
+use crate::units::{Rate, RateUnit};
+
+/// Spec of a [`Qos`] object.
+///
+/// ```toml
+/// kind = "qos"
+/// rbps = "8Mi"     # read bytes/s ("8Mi" = 8 MiB/s, LINSTOR style)
+/// wbps = "4MiB/s"  # write bytes/s
+/// riops = 200      # read ops/s
+/// wiops = 100      # write ops/s
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosSpec {
+    /// Read bandwidth limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbps: Option<Rate>,
+    /// Write bandwidth limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wbps: Option<Rate>,
+    /// Read operations per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riops: Option<Rate>,
+    /// Write operations per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wiops: Option<Rate>,
+    /// Burst of each limit, as a period's worth of its rate (default 10 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
+    pub refill_period: Option<Duration>,
+}
+
+impl QosSpec {
+    /// Checks the spec: bandwidth limits in bytes, IOPS limits as counts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, r) in [("rbps", self.rbps), ("wbps", self.wbps)] {
+            if let Some(r) = r
+                && r.unit() == RateUnit::Ops
+                && !r.is_unlimited()
+            {
+                return Err(ConfigError::new(field, "is a bandwidth limit; give bytes per second such as \"8Mi\""));
+            }
+        }
+        if let Some(p) = self.refill_period
+            && p.is_zero()
+        {
+            return Err(ConfigError::new("refill_period", "must be greater than zero"));
+        }
+        Ok(())
+    }
+
+    /// The cgroup v2 `io.max` line for a device, e.g.
+    /// `8:0 rbps=8388608 wbps=max riops=200 wiops=max`.
+    pub fn io_max_line(&self, major: u32, minor: u32) -> String {
+        let mut s = format!("{major}:{minor}");
+        for (k, v) in [("rbps", self.rbps), ("wbps", self.wbps), ("riops", self.riops), ("wiops", self.wiops)] {
+            match v {
+                Some(r) if !r.is_unlimited() => {
+                    let _ = write!(s, " {k}={}", r.per_sec().round() as u64);
+                }
+                _ => {
+                    let _ = write!(s, " {k}=max");
+                }
+            }
+        }
+        s
+    }
+
+    fn merged(&self, c: &ObjectConfig) -> QosSpec {
+        let mut s = self.clone();
+        let pick = |new: Option<Rate>, old: Option<Rate>| match new {
+            Some(r) if r.is_unlimited() => None,
+            Some(r) => Some(r),
+            None => old,
+        };
+        s.rbps = pick(c.rbps, s.rbps);
+        s.wbps = pick(c.wbps, s.wbps);
+        s.riops = pick(c.riops, s.riops);
+        s.wiops = pick(c.wiops, s.wiops);
+        if c.refill_period.is_some() {
+            s.refill_period = c.refill_period;
+        }
+        s
+    }
+}
+
+fn bytes_limit(r: Option<Rate>) -> f64 {
+    r.map_or(f64::INFINITY, Rate::per_sec)
+}
+
+/// An IOPS limit is a count whatever unit it was written in (`200`, `"200iops"`).
+fn ops_rate(r: Option<Rate>) -> Option<Rate> {
+    r.map(
+        |r| if r.is_unlimited() { Rate::unlimited(RateUnit::Ops) } else { Rate::ops_per_sec(r.per_sec()).unwrap_or(r) },
+    )
+}
+
+/// Four independent limits on read/write bandwidth and IOPS.
+pub struct Qos {
+    rbps: Bucket,
+    wbps: Bucket,
+    riops: Bucket,
+    wiops: Bucket,
+    spec: Mutex<QosSpec>,
+}
+
+impl Qos {
+    /// Builds the object from its spec.
+    pub fn new(spec: QosSpec) -> Result<Self, ConfigError> {
+        spec.validate()?;
+        let mk = |r: Option<Rate>, unit: RateUnit| {
+            let rate = r.unwrap_or(Rate::unlimited(unit));
+            Bucket::new(bytes_limit(r), unit, burst_for(rate, None, spec.refill_period))
+        };
+        Ok(Qos {
+            rbps: mk(spec.rbps, RateUnit::Bytes),
+            wbps: mk(spec.wbps, RateUnit::Bytes),
+            riops: mk(ops_rate(spec.riops), RateUnit::Ops),
+            wiops: mk(ops_rate(spec.wiops), RateUnit::Ops),
+            spec: Mutex::new(spec),
+        })
+    }
+
+    fn apply(&self, s: &QosSpec) {
+        let set = |b: &Bucket, r: Option<Rate>, unit: RateUnit| {
+            let rate = r.unwrap_or(Rate::unlimited(unit));
+            b.set(bytes_limit(r), unit, burst_for(rate, None, s.refill_period));
+        };
+        set(&self.rbps, s.rbps, RateUnit::Bytes);
+        set(&self.wbps, s.wbps, RateUnit::Bytes);
+        set(&self.riops, ops_rate(s.riops), RateUnit::Ops);
+        set(&self.wiops, ops_rate(s.wiops), RateUnit::Ops);
+    }
+
+    fn buckets(&self) -> [&Bucket; 4] {
+        [&self.rbps, &self.wbps, &self.riops, &self.wiops]
+    }
+}
+
+impl EnforcementObject for Qos {
+    fn kind(&self) -> &'static str {
+        "qos"
+    }
+
+    fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
+        for f in c.set_fields() {
+            if !matches!(f, "rbps" | "wbps" | "riops" | "wiops" | "refill_period") {
+                return Err(ConfigError::new(f, "not a QoS setting (rbps, wbps, riops, wiops, refill_period)"));
+            }
+        }
+        let current = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        current.merged(c).validate()
+    }
+
+    fn configure(&self, c: &ObjectConfig) {
+        let mut spec = self.spec.lock().unwrap_or_else(|e| e.into_inner());
+        let new = spec.merged(c);
+        self.apply(&new);
+        *spec = new;
+    }
+
+    fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
+        let (bw, ops) = if ctx.request_type.is_read() {
+            (&self.rbps, &self.riops)
+        } else if ctx.request_type.is_write() {
+            (&self.wbps, &self.wiops)
+        } else {
+            return Ok(Outcome::IMMEDIATE);
+        };
+        let a = bw.acquire(ctx.size)?;
+        let b = ops.acquire(ctx.size)?;
+        Ok(Outcome { waited: a + b })
+    }
+
+    fn spec(&self) -> Option<ObjectSpec> {
+        Some(ObjectSpec::Qos(self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone()))
+    }
+
+    fn stats(&self) -> ObjectStats {
+        self.buckets().iter().map(|b| b.stats()).fold(ObjectStats::default(), |mut acc, s| {
+            acc.waits += s.waits;
+            acc.wait_ns += s.wait_ns;
+            acc.waiting += s.waiting;
+            acc
+        })
+    }
+
+    fn shutdown(&self) {
+        self.buckets().iter().for_each(|b| b.shutdown());
+    }
+
+    fn retire(&self) {
+        self.buckets().iter().for_each(|b| b.retire());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::RequestType;
+    use std::time::Instant;
+
+    #[test]
+    fn linstor_style_spec() {
+        let s: ObjectSpec =
+            toml::from_str("kind = \"qos\"\nrbps = \"8Mi\"\nwbps = \"4Mi\"\nriops = 200\nwiops = 100").unwrap();
+        let ObjectSpec::Qos(q) = s else { panic!() };
+        assert_eq!(q.io_max_line(8, 0), "8:0 rbps=8388608 wbps=4194304 riops=200 wiops=100");
+        let partial = QosSpec { wbps: q.wbps, ..Default::default() };
+        assert_eq!(partial.io_max_line(253, 1), "253:1 rbps=max wbps=4194304 riops=max wiops=max");
+        assert!(toml::from_str::<ObjectSpec>("kind = \"qos\"\nrbps = \"100ops/s\"").unwrap().validate().is_err());
+    }
+
+    #[test]
+    fn write_iops_limit_applies_to_writes_only_and_changes_live() {
+        let q = Qos::new(QosSpec {
+            wiops: Some("100".parse().unwrap()),
+            refill_period: Some(Duration::from_millis(10)),
+            ..Default::default()
+        })
+        .unwrap();
+        // Reads are not limited: they never wait.
+        for _ in 0..1000 {
+            assert_eq!(q.enforce(&Context::new(RequestType::Read, 4096)).unwrap(), Outcome::IMMEDIATE);
+        }
+        // 100 writes/s with a burst of 1: 11 writes take at least 100 ms.
+        let t = Instant::now();
+        for _ in 0..11 {
+            q.enforce(&Context::new(RequestType::Write, 4096)).unwrap();
+        }
+        assert!(t.elapsed() >= Duration::from_millis(99), "{:?}", t.elapsed());
+        // Lift the limit live.
+        q.configure(&ObjectConfig { wiops: Some(Rate::UNLIMITED), ..Default::default() });
+        assert_eq!(
+            q.spec(),
+            Some(ObjectSpec::Qos(QosSpec { refill_period: Some(Duration::from_millis(10)), ..Default::default() }))
+        );
+    }
+}

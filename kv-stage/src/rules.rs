@@ -1,0 +1,489 @@
+//! Rules: how a control plane (or a file) changes a stage.
+//!
+//! * **Housekeeping** rules create and remove channels and objects.
+//! * **Differentiation** rules route requests to channels, and inside a
+//!   channel to objects, by [`Match`] patterns.
+//! * **Enforcement** rules change an object's state (a DRL's rate, a QoS
+//!   limit) at run time.
+//!
+//! A batch of rules applies **all or nothing**. Rules are typed values with
+//! serde; files are TOML or JSON with a version field (see [`RuleSet`]), or
+//! the original Paio text format (see [`crate::paio`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::context::RequestContext;
+use crate::error::{Error, Location, Result};
+use crate::matching::Match;
+use crate::objects::{ObjectConfig, ObjectSpec};
+
+/// Version of the rules file format and of serialized rule batches.
+pub const RULES_VERSION: u32 = 1;
+
+/// One rule.
+///
+/// In files each rule is a table with an `op` field naming the variant, e.g.
+/// `{ op = "configure", channel = "flush", object = "drl", set = { rate = "32MiB/s" } }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Rule {
+    /// Housekeeping: create a channel, optionally routing `match` to it.
+    CreateChannel {
+        /// New channel id.
+        channel: String,
+        /// Requests to route to the channel (none: add routes later).
+        #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+        matches: Option<Match>,
+    },
+    /// Housekeeping: remove a channel, its objects and every route to it.
+    RemoveChannel {
+        /// Channel id.
+        channel: String,
+    },
+    /// Housekeeping: create an object in a channel. With `match`, requests
+    /// the pattern matches go to it; without, it becomes the channel's
+    /// default object (the one used when no object route matches).
+    CreateObject {
+        /// Channel id.
+        channel: String,
+        /// New object id, unique in the channel.
+        object: String,
+        /// What to build.
+        spec: ObjectSpec,
+        /// Requests of the channel to send to this object.
+        #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+        matches: Option<Match>,
+    },
+    /// Housekeeping: remove an object and its routes. Requests waiting in it
+    /// are released.
+    RemoveObject {
+        /// Channel id.
+        channel: String,
+        /// Object id.
+        object: String,
+    },
+    /// Differentiation: route requests matching the pattern to a channel
+    /// (replaces an existing route with the same pattern).
+    Route {
+        /// Target channel.
+        channel: String,
+        /// Pattern.
+        #[serde(rename = "match")]
+        matches: Match,
+    },
+    /// Differentiation: remove the channel route with exactly this pattern.
+    Unroute {
+        /// Pattern.
+        #[serde(rename = "match")]
+        matches: Match,
+    },
+    /// Differentiation: inside a channel, route requests matching the
+    /// pattern to an object (replaces an existing route with the same pattern).
+    RouteObject {
+        /// Channel id.
+        channel: String,
+        /// Target object.
+        object: String,
+        /// Pattern.
+        #[serde(rename = "match")]
+        matches: Match,
+    },
+    /// Differentiation: remove the object route with exactly this pattern.
+    UnrouteObject {
+        /// Channel id.
+        channel: String,
+        /// Pattern.
+        #[serde(rename = "match")]
+        matches: Match,
+    },
+    /// Differentiation: the channel for requests no route matches.
+    SetDefaultChannel {
+        /// Channel id.
+        channel: String,
+    },
+    /// Differentiation: the object for requests of a channel that no object
+    /// route matches (`None`: such requests pass through, counted).
+    SetDefaultObject {
+        /// Channel id.
+        channel: String,
+        /// Object id, or none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        object: Option<String>,
+    },
+    /// Enforcement: change an object's configuration.
+    Configure {
+        /// Channel id.
+        channel: String,
+        /// Object id.
+        object: String,
+        /// The settings to change.
+        set: ObjectConfig,
+    },
+}
+
+/// The three kinds of rules of the Paio design.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleKind {
+    /// Creates or removes channels and objects.
+    Housekeeping,
+    /// Maps requests to channels and objects.
+    Differentiation,
+    /// Changes an object's state.
+    Enforcement,
+}
+
+impl Rule {
+    /// Which kind of rule this is.
+    pub fn kind(&self) -> RuleKind {
+        match self {
+            Rule::CreateChannel { .. }
+            | Rule::RemoveChannel { .. }
+            | Rule::CreateObject { .. }
+            | Rule::RemoveObject { .. } => RuleKind::Housekeeping,
+            Rule::Route { .. }
+            | Rule::Unroute { .. }
+            | Rule::RouteObject { .. }
+            | Rule::UnrouteObject { .. }
+            | Rule::SetDefaultChannel { .. }
+            | Rule::SetDefaultObject { .. } => RuleKind::Differentiation,
+            Rule::Configure { .. } => RuleKind::Enforcement,
+        }
+    }
+
+    /// The `op` name.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Rule::CreateChannel { .. } => "create_channel",
+            Rule::RemoveChannel { .. } => "remove_channel",
+            Rule::CreateObject { .. } => "create_object",
+            Rule::RemoveObject { .. } => "remove_object",
+            Rule::Route { .. } => "route",
+            Rule::Unroute { .. } => "unroute",
+            Rule::RouteObject { .. } => "route_object",
+            Rule::UnrouteObject { .. } => "unroute_object",
+            Rule::SetDefaultChannel { .. } => "set_default_channel",
+            Rule::SetDefaultObject { .. } => "set_default_object",
+            Rule::Configure { .. } => "configure",
+        }
+    }
+
+    /// Shorthand for a `configure` rule.
+    pub fn configure(channel: &str, object: &str, set: ObjectConfig) -> Self {
+        Rule::Configure { channel: channel.to_owned(), object: object.to_owned(), set }
+    }
+}
+
+/// A rule with its id and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleEntry {
+    /// The rule.
+    pub rule: Rule,
+    /// Where it came from (file, line, position, id).
+    pub location: Location,
+}
+
+/// A batch of rules, as loaded from a file or built in code, plus warnings the
+/// loader produced (for example, Paio routes that duplicate earlier ones).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuleSet {
+    /// The rules, in order.
+    pub rules: Vec<RuleEntry>,
+    /// Non-fatal remarks.
+    pub warnings: Vec<String>,
+}
+
+/// Formats a rules file can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RulesFormat {
+    /// TOML: `version`, `contexts`, `[[rules]]` tables.
+    Toml,
+    /// JSON: the same structure as TOML.
+    Json,
+    /// The original Paio text syntax (see [`crate::paio`]).
+    Paio,
+}
+
+impl RulesFormat {
+    /// Guesses from the extension: `.toml`, `.json`, anything else is Paio.
+    pub fn from_path(path: &Path) -> Self {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("toml") => RulesFormat::Toml,
+            Some("json") => RulesFormat::Json,
+            _ => RulesFormat::Paio,
+        }
+    }
+}
+
+impl std::str::FromStr for RulesFormat {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "toml" => Ok(RulesFormat::Toml),
+            "json" => Ok(RulesFormat::Json),
+            "paio" | "text" => Ok(RulesFormat::Paio),
+            _ => Err(Error::invalid(format!("unknown rules format '{s}' (toml, json, paio)"))),
+        }
+    }
+}
+
+impl RuleSet {
+    /// A batch from rules built in code (locations are their positions).
+    pub fn from_rules(rules: impl IntoIterator<Item = Rule>) -> Self {
+        RuleSet {
+            rules: rules
+                .into_iter()
+                .enumerate()
+                .map(|(index, rule)| RuleEntry { rule, location: Location { index, ..Location::default() } })
+                .collect(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Appends another set (its rules keep their own locations).
+    pub fn extend(&mut self, other: RuleSet) {
+        let base = self.rules.len();
+        self.rules.extend(other.rules.into_iter().map(|mut e| {
+            e.location.index += base;
+            e
+        }));
+        self.warnings.extend(other.warnings);
+    }
+
+    /// Loads a rules file, choosing the format from the extension.
+    pub fn load(path: &Path) -> Result<Self> {
+        Self::load_as(path, RulesFormat::from_path(path), &crate::paio::PaioOptions::default())
+    }
+
+    /// Loads a rules file in a given format.
+    pub fn load_as(path: &Path, format: RulesFormat, paio: &crate::paio::PaioOptions) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        let source: Arc<str> = path.display().to_string().into();
+        Self::parse(&text, format, Some(source), paio)
+    }
+
+    /// Parses rules text. `source` names the text in error messages.
+    pub fn parse(
+        text: &str,
+        format: RulesFormat,
+        source: Option<Arc<str>>,
+        paio: &crate::paio::PaioOptions,
+    ) -> Result<Self> {
+        match format {
+            RulesFormat::Toml => parse_toml(text, source),
+            RulesFormat::Json => parse_json(text, source),
+            RulesFormat::Paio => crate::paio::parse(text, source, paio),
+        }
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+fn file_error(source: &Option<Arc<str>>, line: Option<usize>, field: Option<&str>, msg: impl Into<String>) -> Error {
+    Error::Rule {
+        location: Location { source: source.clone(), line, index: 0, id: None },
+        field: field.map(str::to_owned),
+        message: msg.into(),
+    }
+}
+
+fn check_version(v: Option<u32>, source: &Option<Arc<str>>) -> Result<()> {
+    match v {
+        None => Ok(()),
+        Some(RULES_VERSION) => Ok(()),
+        Some(v) => Err(file_error(
+            source,
+            None,
+            Some("version"),
+            format!("rules format version {v} is not supported (this build reads version {RULES_VERSION})"),
+        )),
+    }
+}
+
+/// Registers the contexts a file declares, so its rules can name them.
+fn declare_contexts(contexts: &[String], source: &Option<Arc<str>>) -> Result<()> {
+    for c in contexts {
+        RequestContext::register(c).map_err(|e| file_error(source, None, Some("contexts"), e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Turns one parsed rule (as a JSON object) into an entry, checking ids.
+fn entry_from_map(
+    mut map: serde_json::Map<String, serde_json::Value>,
+    mut location: Location,
+    seen: &mut HashMap<u64, Location>,
+) -> Result<RuleEntry> {
+    if let Some(id) = map.remove("id") {
+        let id = id.as_u64().ok_or_else(|| {
+            Error::rule(&location, Some("id"), format!("rule id must be a non-negative integer, not {id}"))
+        })?;
+        location.id = Some(id);
+        if let Some(first) = seen.get(&id) {
+            return Err(Error::rule(&location, Some("id"), format!("duplicate rule id {id} (first used at {first})")));
+        }
+        seen.insert(id, location.clone());
+    }
+    let rule: Rule = serde_json::from_value(serde_json::Value::Object(map))
+        .map_err(|e| Error::rule(&location, None, e.to_string()))?;
+    Ok(RuleEntry { rule, location })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TomlFile {
+    version: Option<u32>,
+    #[serde(default)]
+    contexts: Vec<String>,
+    #[serde(default)]
+    rules: Vec<toml::Spanned<toml::Table>>,
+}
+
+fn parse_toml(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
+    let file: TomlFile = toml::from_str(text).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        file_error(&source, line, None, e.message().to_owned())
+    })?;
+    check_version(file.version, &source)?;
+    declare_contexts(&file.contexts, &source)?;
+    let mut seen = HashMap::new();
+    let mut rules = Vec::with_capacity(file.rules.len());
+    for (index, spanned) in file.rules.into_iter().enumerate() {
+        let line = line_of(text, spanned.span().start);
+        let location = Location { source: source.clone(), line: Some(line), index, id: None };
+        let table = spanned.into_inner();
+        let json = serde_json::to_value(&table).map_err(|e| Error::rule(&location, None, e.to_string()))?;
+        let serde_json::Value::Object(map) = json else { unreachable!("a TOML table is a JSON object") };
+        rules.push(entry_from_map(map, location, &mut seen)?);
+    }
+    Ok(RuleSet { rules, warnings: Vec::new() })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonFile<'a> {
+    version: Option<u32>,
+    #[serde(default)]
+    contexts: Vec<String>,
+    #[serde(default, borrow)]
+    rules: Vec<&'a serde_json::value::RawValue>,
+}
+
+fn parse_json(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
+    let file: JsonFile<'_> =
+        serde_json::from_str(text).map_err(|e| file_error(&source, Some(e.line()), None, e.to_string()))?;
+    check_version(file.version, &source)?;
+    declare_contexts(&file.contexts, &source)?;
+    let mut seen = HashMap::new();
+    let mut rules = Vec::with_capacity(file.rules.len());
+    let base = text.as_ptr() as usize;
+    for (index, raw) in file.rules.into_iter().enumerate() {
+        // A borrowed RawValue is a slice of `text`: its address gives its line.
+        let offset = (raw.get().as_ptr() as usize).saturating_sub(base);
+        let location = Location { source: source.clone(), line: Some(line_of(text, offset)), index, id: None };
+        let value: serde_json::Value =
+            serde_json::from_str(raw.get()).map_err(|e| Error::rule(&location, None, e.to_string()))?;
+        let serde_json::Value::Object(map) = value else {
+            return Err(Error::rule(&location, None, "a rule must be an object"));
+        };
+        rules.push(entry_from_map(map, location, &mut seen)?);
+    }
+    Ok(RuleSet { rules, warnings: Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paio::PaioOptions;
+
+    fn toml(text: &str) -> Result<RuleSet> {
+        RuleSet::parse(text, RulesFormat::Toml, Some("t.toml".into()), &PaioOptions::default())
+    }
+
+    #[test]
+    fn toml_rules_parse_with_lines_and_ids() {
+        let rs = toml(
+            r#"version = 1
+
+[[rules]]
+id = 1
+op = "create_channel"
+channel = "flush"
+match = { context = "bg_flush" }
+
+[[rules]]
+id = 2
+op = "create_object"
+channel = "flush"
+object = "drl"
+spec = { kind = "drl", rate = "64MiB/s" }
+
+[[rules]]
+op = "configure"
+channel = "flush"
+object = "drl"
+set = { rate = "32MiB/s" }
+"#,
+        )
+        .unwrap();
+        assert_eq!(rs.rules.len(), 3);
+        assert_eq!(rs.rules[0].location.line, Some(3));
+        assert_eq!(rs.rules[1].location.id, Some(2));
+        assert_eq!(rs.rules[2].rule.kind(), RuleKind::Enforcement);
+    }
+
+    #[test]
+    fn toml_errors_name_line_and_field() {
+        let e = toml("[[rules]]\nid = 1\nop = \"create_channel\"\nchannel = \"a\"\n\n[[rules]]\nid = 1\nop = \"create_channel\"\nchannel = \"b\"\n")
+            .unwrap_err();
+        assert_eq!(e.location().unwrap().line, Some(6));
+        assert_eq!(e.field(), Some("id"));
+        assert!(e.to_string().contains("duplicate rule id 1"), "{e}");
+
+        let e = toml("[[rules]]\nop = \"create_object\"\nchannel = \"a\"\nobject = \"x\"\nspec = { kind = \"drl\", rate = \"-5MiB/s\" }\n")
+            .unwrap_err();
+        assert_eq!(e.location().unwrap().line, Some(1));
+        assert!(e.to_string().contains("negative"), "{e}");
+
+        let e = toml("[[rules]]\nop = \"frobnicate\"\n").unwrap_err();
+        assert!(e.to_string().contains("t.toml:1"), "{e}");
+
+        let e = toml("version = 9\n").unwrap_err();
+        assert_eq!(e.field(), Some("version"));
+
+        let e = toml("[[rules]\n").unwrap_err();
+        assert_eq!(e.location().unwrap().line, Some(1));
+    }
+
+    #[test]
+    fn json_rules_report_lines() {
+        let text = r#"{
+  "version": 1,
+  "rules": [
+    {"op": "create_channel", "channel": "fg"},
+    {"op": "create_object", "channel": "fg", "object": "n",
+     "spec": {"kind": "noop"}, "match": {"context": "no_such"}}
+  ]
+}"#;
+        let e = RuleSet::parse(text, RulesFormat::Json, None, &PaioOptions::default()).unwrap_err();
+        assert_eq!(e.location().unwrap().line, Some(5), "{e}");
+        assert!(e.to_string().contains("no_such"), "{e}");
+    }
+
+    #[test]
+    fn rules_round_trip_through_serde() {
+        let r = Rule::Configure {
+            channel: "c".into(),
+            object: "o".into(),
+            set: ObjectConfig::rate("10MiB/s".parse().unwrap()),
+        };
+        let j = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Rule>(&j).unwrap(), r);
+    }
+}

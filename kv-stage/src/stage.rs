@@ -1,0 +1,1126 @@
+//! The stage: channels of enforcement objects, the rules that pick them, the
+//! statistics a control plane reads, and the instance interface layers call.
+//!
+//! **Data path.** [`Stage::enforce`] loads the current [`Layout`] snapshot
+//! (lock-free, via `arc-swap`), picks the channel and the object from compiled
+//! tables, enforces, and counts. It takes no lock of the stage's own; an
+//! object may block (a DRL waiting for tokens) without holding one.
+//!
+//! **Control path.** [`Stage::apply`] runs a batch of rules against a copy of
+//! the control model. If any rule fails, nothing changes. Otherwise
+//! configuration changes are applied to the live objects, the new layout is
+//! published atomically, and removed objects are retired (their waiters are
+//! released). A request that already picked an object finishes on it, so no
+//! request is lost or enforced twice when rules change under load.
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
+use serde::Serialize;
+
+use crate::context::{Context, RequestContext, WorkflowId};
+use crate::error::{EnforceError, Error, Location, Result};
+use crate::matching::Match;
+use crate::objects::{ConfigError, EnforcementObject, Object, ObjectConfig, ObjectSpec, ObjectStats, Outcome, now_ns};
+use crate::route::{RouteError, RouteSpec, RouteTable};
+use crate::rules::{Rule, RuleEntry, RuleSet};
+use crate::stats::{Counters, MAX_COUNTER_SLOTS};
+
+/// Id of the channel every stage starts with, which receives requests no
+/// route matches until another default is set.
+pub const DEFAULT_CHANNEL: &str = "default";
+
+// ---------------------------------------------------------------------------
+// Runtime layout (read by the data path).
+
+struct ObjectRt {
+    label: Arc<str>,
+    slot: u32,
+    object: Arc<Object>,
+}
+
+struct ChannelRt {
+    label: Arc<str>,
+    slot: u32,
+    objects: Box<[ObjectRt]>,
+    routes: RouteTable,
+    default_object: Option<u32>,
+}
+
+/// An immutable snapshot of the stage's channels and tables.
+struct Layout {
+    channels: Box<[ChannelRt]>,
+    routes: RouteTable,
+    default_channel: u32,
+}
+
+/// The layout a thread used last, tagged with its stage and generation.
+///
+/// Checking the stage's generation (a plain load of a line that changes only
+/// when rules do) against the tag costs a few nanoseconds, where loading from
+/// the `ArcSwap` costs atomic read-modify-writes on shared lines. The layout
+/// is taken out of its cell while in use and put back after, so a nested
+/// `enforce` on the same thread (an object doing staged I/O) finds the cell
+/// empty and loads the layout itself. One entry per thread: a thread that
+/// alternates between stages takes the slower path on every switch.
+struct CachedLayout {
+    stage_uid: Cell<u64>,
+    generation: Cell<u64>,
+    layout: Cell<Option<Arc<Layout>>>,
+}
+
+thread_local! {
+    static LAYOUT_CACHE: CachedLayout = const {
+        CachedLayout { stage_uid: Cell::new(0), generation: Cell::new(0), layout: Cell::new(None) }
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Control model (guarded by the control mutex, cloned per batch).
+
+#[derive(Clone)]
+struct ObjectModel {
+    id: Arc<str>,
+    slot: u32,
+    object: Arc<Object>,
+}
+
+#[derive(Clone)]
+struct RouteModel {
+    matches: Match,
+    target: Arc<str>,
+    origin: Location,
+}
+
+#[derive(Clone)]
+struct ChannelModel {
+    id: Arc<str>,
+    slot: u32,
+    objects: Vec<ObjectModel>,
+    routes: Vec<RouteModel>,
+    default_object: Option<Arc<str>>,
+}
+
+#[derive(Clone)]
+struct Model {
+    channels: Vec<ChannelModel>,
+    routes: Vec<RouteModel>,
+    default_channel: Arc<str>,
+    next_slot: u32,
+    generation: u64,
+}
+
+impl Model {
+    fn channel(&self, id: &str) -> Option<&ChannelModel> {
+        self.channels.iter().find(|c| &*c.id == id)
+    }
+
+    fn channel_mut(&mut self, id: &str) -> Option<&mut ChannelModel> {
+        self.channels.iter_mut().find(|c| &*c.id == id)
+    }
+
+    fn alloc_slot(&mut self, loc: &Location, field: &str) -> Result<u32> {
+        if self.next_slot as usize >= MAX_COUNTER_SLOTS {
+            return Err(Error::rule(
+                loc,
+                Some(field),
+                format!("this stage has created {MAX_COUNTER_SLOTS} channels and objects, its limit"),
+            ));
+        }
+        self.next_slot += 1;
+        Ok(self.next_slot - 1)
+    }
+}
+
+/// A batch in progress: the model copy plus what to do at commit.
+struct Txn {
+    model: Model,
+    configs: Vec<(Arc<Object>, ObjectConfig)>,
+    retired: Vec<Arc<Object>>,
+    structural: bool,
+    /// Patterns routed in this batch, to reject repeats within one batch.
+    batch_routes: HashSet<(Option<Arc<str>>, Match)>,
+}
+
+fn validate_id(id: &str, loc: &Location, field: &str) -> Result<Arc<str>> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+    if ok {
+        Ok(id.into())
+    } else {
+        Err(Error::rule(loc, Some(field), format!("'{id}' is not a valid id (1-64 of [A-Za-z0-9_.:-])")))
+    }
+}
+
+fn config_error(loc: &Location, label: &str, e: ConfigError) -> Error {
+    Error::rule(loc, Some(e.field), format!("{label}: {}", e.message))
+}
+
+impl Txn {
+    fn channel_mut<'a>(&'a mut self, id: &str, loc: &Location) -> Result<&'a mut ChannelModel> {
+        self.model.channel_mut(id).ok_or_else(|| Error::rule(loc, Some("channel"), format!("unknown channel '{id}'")))
+    }
+
+    fn create_channel(&mut self, id: &str, matches: Option<&Match>, loc: &Location) -> Result<()> {
+        let id = validate_id(id, loc, "channel")?;
+        if self.model.channel(&id).is_some() {
+            return Err(Error::rule(loc, Some("channel"), format!("channel '{id}' already exists")));
+        }
+        let slot = self.model.alloc_slot(loc, "channel")?;
+        self.model.channels.push(ChannelModel {
+            id: Arc::clone(&id),
+            slot,
+            objects: Vec::new(),
+            routes: Vec::new(),
+            default_object: None,
+        });
+        self.structural = true;
+        if let Some(m) = matches {
+            self.route(&id, m, loc)?;
+        }
+        Ok(())
+    }
+
+    fn remove_channel(&mut self, id: &str, loc: &Location) -> Result<()> {
+        if &*self.model.default_channel == id {
+            return Err(Error::rule(
+                loc,
+                Some("channel"),
+                format!("channel '{id}' is the default channel; set another default first"),
+            ));
+        }
+        let pos = self
+            .model
+            .channels
+            .iter()
+            .position(|c| &*c.id == id)
+            .ok_or_else(|| Error::rule(loc, Some("channel"), format!("unknown channel '{id}'")))?;
+        let ch = self.model.channels.remove(pos);
+        self.retired.extend(ch.objects.into_iter().map(|o| o.object));
+        self.model.routes.retain(|r| &*r.target != id);
+        self.structural = true;
+        Ok(())
+    }
+
+    fn add_object(
+        &mut self,
+        channel: &str,
+        object: &str,
+        obj: Object,
+        matches: Option<&Match>,
+        loc: &Location,
+    ) -> Result<()> {
+        let oid = validate_id(object, loc, "object")?;
+        let slot = self.model.alloc_slot(loc, "object")?;
+        let ch = self.channel_mut(channel, loc)?;
+        if ch.objects.iter().any(|o| o.id == oid) {
+            return Err(Error::rule(
+                loc,
+                Some("object"),
+                format!("object '{oid}' already exists in channel '{channel}'"),
+            ));
+        }
+        if matches.is_none()
+            && let Some(d) = &ch.default_object
+        {
+            return Err(Error::rule(
+                loc,
+                Some("match"),
+                format!(
+                    "channel '{channel}' already has a default object '{d}'; give this object a `match`, or use set_default_object"
+                ),
+            ));
+        }
+        ch.objects.push(ObjectModel { id: Arc::clone(&oid), slot, object: Arc::new(obj) });
+        if matches.is_none() {
+            ch.default_object = Some(Arc::clone(&oid));
+        }
+        self.structural = true;
+        if let Some(m) = matches {
+            self.route_object(channel, object, m, loc)?;
+        }
+        Ok(())
+    }
+
+    fn remove_object(&mut self, channel: &str, object: &str, loc: &Location) -> Result<()> {
+        let ch = self.channel_mut(channel, loc)?;
+        let pos = ch.objects.iter().position(|o| &*o.id == object).ok_or_else(|| {
+            Error::rule(loc, Some("object"), format!("unknown object '{object}' in channel '{channel}'"))
+        })?;
+        let o = ch.objects.remove(pos);
+        ch.routes.retain(|r| &*r.target != object);
+        if ch.default_object.as_deref() == Some(object) {
+            ch.default_object = None;
+        }
+        self.retired.push(o.object);
+        self.structural = true;
+        Ok(())
+    }
+
+    fn route(&mut self, channel: &str, m: &Match, loc: &Location) -> Result<()> {
+        let target = self
+            .model
+            .channel(channel)
+            .map(|c| Arc::clone(&c.id))
+            .ok_or_else(|| Error::rule(loc, Some("channel"), format!("unknown channel '{channel}'")))?;
+        if !self.batch_routes.insert((None, m.clone())) {
+            return Err(Error::rule(loc, Some("match"), format!("the channel route {m} is set twice in this batch")));
+        }
+        self.model.routes.retain(|r| r.matches != *m);
+        self.model.routes.push(RouteModel { matches: m.clone(), target, origin: loc.clone() });
+        self.structural = true;
+        Ok(())
+    }
+
+    fn unroute(&mut self, m: &Match, loc: &Location) -> Result<()> {
+        let before = self.model.routes.len();
+        self.model.routes.retain(|r| r.matches != *m);
+        if self.model.routes.len() == before {
+            return Err(Error::rule(loc, Some("match"), format!("no channel route has the pattern {m}")));
+        }
+        self.structural = true;
+        Ok(())
+    }
+
+    fn route_object(&mut self, channel: &str, object: &str, m: &Match, loc: &Location) -> Result<()> {
+        let ch = self.channel_mut(channel, loc)?;
+        let target = ch.objects.iter().find(|o| &*o.id == object).map(|o| Arc::clone(&o.id)).ok_or_else(|| {
+            Error::rule(loc, Some("object"), format!("unknown object '{object}' in channel '{channel}'"))
+        })?;
+        let ch_id = Arc::clone(&ch.id);
+        ch.routes.retain(|r| r.matches != *m);
+        ch.routes.push(RouteModel { matches: m.clone(), target, origin: loc.clone() });
+        if !self.batch_routes.insert((Some(ch_id), m.clone())) {
+            return Err(Error::rule(
+                loc,
+                Some("match"),
+                format!("the object route {m} of channel '{channel}' is set twice in this batch"),
+            ));
+        }
+        self.structural = true;
+        Ok(())
+    }
+
+    fn unroute_object(&mut self, channel: &str, m: &Match, loc: &Location) -> Result<()> {
+        let ch = self.channel_mut(channel, loc)?;
+        let before = ch.routes.len();
+        ch.routes.retain(|r| r.matches != *m);
+        if ch.routes.len() == before {
+            return Err(Error::rule(
+                loc,
+                Some("match"),
+                format!("no object route of channel '{channel}' has the pattern {m}"),
+            ));
+        }
+        self.structural = true;
+        Ok(())
+    }
+
+    fn set_default_channel(&mut self, channel: &str, loc: &Location) -> Result<()> {
+        let id = self
+            .model
+            .channel(channel)
+            .map(|c| Arc::clone(&c.id))
+            .ok_or_else(|| Error::rule(loc, Some("channel"), format!("unknown channel '{channel}'")))?;
+        self.model.default_channel = id;
+        self.structural = true;
+        Ok(())
+    }
+
+    fn set_default_object(&mut self, channel: &str, object: Option<&str>, loc: &Location) -> Result<()> {
+        let ch = self.channel_mut(channel, loc)?;
+        ch.default_object = match object {
+            None => None,
+            Some(o) => Some(ch.objects.iter().find(|x| &*x.id == o).map(|x| Arc::clone(&x.id)).ok_or_else(|| {
+                Error::rule(loc, Some("object"), format!("unknown object '{o}' in channel '{channel}'"))
+            })?),
+        };
+        self.structural = true;
+        Ok(())
+    }
+
+    fn configure(&mut self, channel: &str, object: &str, set: &ObjectConfig, loc: &Location) -> Result<()> {
+        let ch = self.channel_mut(channel, loc)?;
+        let o = ch.objects.iter().find(|o| &*o.id == object).ok_or_else(|| {
+            Error::rule(loc, Some("object"), format!("unknown object '{object}' in channel '{channel}'"))
+        })?;
+        if set.set_fields().is_empty() {
+            return Err(Error::rule(loc, Some("set"), "a configure rule must change at least one setting"));
+        }
+        o.object.validate(set).map_err(|e| config_error(loc, &format!("{channel}/{object}"), e))?;
+        let obj = Arc::clone(&o.object);
+        self.configs.push((obj, set.clone()));
+        Ok(())
+    }
+
+    fn apply(&mut self, entry: &RuleEntry) -> Result<()> {
+        let loc = &entry.location;
+        match &entry.rule {
+            Rule::CreateChannel { channel, matches } => self.create_channel(channel, matches.as_ref(), loc),
+            Rule::RemoveChannel { channel } => self.remove_channel(channel, loc),
+            Rule::CreateObject { channel, object, spec, matches } => {
+                let obj = spec.build().map_err(|e| config_error(loc, &format!("{channel}/{object}"), e))?;
+                self.add_object(channel, object, obj, matches.as_ref(), loc)
+            }
+            Rule::RemoveObject { channel, object } => self.remove_object(channel, object, loc),
+            Rule::Route { channel, matches } => self.route(channel, matches, loc),
+            Rule::Unroute { matches } => self.unroute(matches, loc),
+            Rule::RouteObject { channel, object, matches } => self.route_object(channel, object, matches, loc),
+            Rule::UnrouteObject { channel, matches } => self.unroute_object(channel, matches, loc),
+            Rule::SetDefaultChannel { channel } => self.set_default_channel(channel, loc),
+            Rule::SetDefaultObject { channel, object } => self.set_default_object(channel, object.as_deref(), loc),
+            Rule::Configure { channel, object, set } => self.configure(channel, object, set, loc),
+        }
+    }
+}
+
+fn compile_routes(routes: &[RouteModel], index_of: impl Fn(&str) -> u32, scope: &str) -> Result<RouteTable> {
+    let specs: Vec<RouteSpec<'_>> =
+        routes.iter().map(|r| RouteSpec { pattern: &r.matches, target: index_of(&r.target) }).collect();
+    RouteTable::compile(&specs).map_err(|e| match e {
+        RouteError::Ambiguous { first, second, example } => {
+            let (a, b) = (&routes[first], &routes[second]);
+            Error::rule(
+                &b.origin,
+                Some("match"),
+                format!(
+                    "{scope} route {} -> '{}' and route {} -> '{}' (from {}) both match requests such as {example} with equal specificity; make one more specific",
+                    b.matches, b.target, a.matches, a.target, a.origin
+                ),
+            )
+        }
+        RouteError::TooLarge { cells } => Error::rule(
+            &routes.last().map(|r| r.origin.clone()).unwrap_or_default(),
+            Some("match"),
+            format!(
+                "{scope} routes need a table of {cells} cells (limit {}); pin fewer distinct workflows or instances",
+                crate::route::MAX_CELLS
+            ),
+        ),
+    })
+}
+
+fn compile(m: &Model) -> Result<Layout> {
+    let index_of_channel =
+        |id: &str| m.channels.iter().position(|c| &*c.id == id).expect("routes target live channels") as u32;
+    let routes = compile_routes(&m.routes, index_of_channel, "channel")?;
+    let mut channels = Vec::with_capacity(m.channels.len());
+    for ch in &m.channels {
+        let index_of_object =
+            |id: &str| ch.objects.iter().position(|o| &*o.id == id).expect("routes target live objects") as u32;
+        let table = compile_routes(&ch.routes, index_of_object, &format!("channel '{}' object", ch.id))?;
+        channels.push(ChannelRt {
+            label: Arc::clone(&ch.id),
+            slot: ch.slot,
+            objects: ch
+                .objects
+                .iter()
+                .map(|o| ObjectRt {
+                    label: format!("{}/{}", ch.id, o.id).into(),
+                    slot: o.slot,
+                    object: Arc::clone(&o.object),
+                })
+                .collect(),
+            routes: table,
+            default_object: ch.default_object.as_deref().map(index_of_object),
+        });
+    }
+    Ok(Layout { channels: channels.into_boxed_slice(), routes, default_channel: index_of_channel(&m.default_channel) })
+}
+
+// ---------------------------------------------------------------------------
+// The stage.
+
+/// A data plane stage.
+///
+/// Share it as `Arc<Stage>`; every method takes `&self`. Dropping the last
+/// reference shuts it down.
+///
+/// ```
+/// use kv_stage::{Context, Match, ObjectSpec, DrlSpec, RequestContext, RequestType, Rule, Stage};
+///
+/// let stage = Stage::new("example");
+/// stage.apply_rules([
+///     Rule::CreateChannel { channel: "flush".into(), matches: Some(Match::context(RequestContext::BG_FLUSH)) },
+///     Rule::CreateObject {
+///         channel: "flush".into(),
+///         object: "drl".into(),
+///         spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
+///         matches: None,
+///     },
+/// ]).unwrap();
+/// let ctx = Context::new(RequestType::Write, 4096).in_context(RequestContext::BG_FLUSH);
+/// stage.enforce(&ctx).unwrap();
+/// let stats = stage.collect();
+/// assert_eq!(stats.channel("flush").unwrap().bytes, 4096);
+/// ```
+pub struct Stage {
+    name: String,
+    id: u64,
+    started_ns: u64,
+    /// Process-unique key of this stage in the per-thread layout caches.
+    uid: u64,
+    layout: ArcSwap<Layout>,
+    /// Bumped after every new layout is stored (Release); readers that see
+    /// a generation see its layout.
+    layout_generation: CachePadded<AtomicU64>,
+    counters: Counters,
+    control: Mutex<Model>,
+    shut_down: AtomicBool,
+}
+
+impl std::fmt::Debug for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stage").field("name", &self.name).field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+static NEXT_STAGE_UID: AtomicU64 = AtomicU64::new(1);
+
+fn new_stage_id() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 over time, pid and a sequence number.
+    let mut z = t ^ (u64::from(std::process::id()) << 32) ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Stage {
+    /// A stage with only the pass-through [`DEFAULT_CHANNEL`].
+    pub fn new(name: impl Into<String>) -> Self {
+        let default: Arc<str> = DEFAULT_CHANNEL.into();
+        let model = Model {
+            channels: vec![ChannelModel {
+                id: Arc::clone(&default),
+                slot: 0,
+                objects: Vec::new(),
+                routes: Vec::new(),
+                default_object: None,
+            }],
+            routes: Vec::new(),
+            default_channel: default,
+            next_slot: 1,
+            generation: 0,
+        };
+        let layout = compile(&model).expect("the initial layout compiles");
+        Stage {
+            name: name.into(),
+            id: new_stage_id(),
+            started_ns: now_ns(),
+            uid: NEXT_STAGE_UID.fetch_add(1, Ordering::Relaxed),
+            layout: ArcSwap::from_pointee(layout),
+            layout_generation: CachePadded::new(AtomicU64::new(0)),
+            counters: Counters::new(),
+            control: Mutex::new(model),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    /// The stage's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The stage's unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    // ----- instance interface --------------------------------------------
+
+    /// Enforces one request: picks its channel and object, lets the object
+    /// admit it (possibly waiting), and counts it.
+    ///
+    /// On `Err` the caller must not carry out the request; layers report the
+    /// error to their own caller. Never allocates on success.
+    #[inline]
+    pub fn enforce(&self, ctx: &Context) -> Result<Outcome, EnforceError> {
+        if self.shut_down.load(Ordering::Relaxed) {
+            return Err(EnforceError::shut_down(None));
+        }
+        self.with_layout(|layout| self.enforce_in(layout, ctx))
+    }
+
+    /// Runs `f` on the current layout.
+    #[inline(always)]
+    fn with_layout<R>(&self, f: impl FnOnce(&Layout) -> R) -> R {
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        let uid = self.uid;
+        let cached = LAYOUT_CACHE
+            .try_with(
+                |c| if c.stage_uid.get() == uid && c.generation.get() == generation { c.layout.take() } else { None },
+            )
+            .ok()
+            .flatten();
+        let layout = match cached {
+            Some(l) => l,
+            None => self.load_layout(generation),
+        };
+        let r = f(&layout);
+        // Put it back unless a nested call re-tagged the entry meanwhile.
+        let _ = LAYOUT_CACHE.try_with(|c| {
+            if c.stage_uid.get() == uid && c.generation.get() == generation {
+                c.layout.set(Some(layout));
+            }
+        });
+        r
+    }
+
+    #[cold]
+    fn load_layout(&self, generation: u64) -> Arc<Layout> {
+        let _ = LAYOUT_CACHE.try_with(|c| {
+            c.stage_uid.set(self.uid);
+            c.generation.set(generation);
+        });
+        self.layout.load_full()
+    }
+
+    #[inline]
+    fn enforce_in(&self, layout: &Layout, ctx: &Context) -> Result<Outcome, EnforceError> {
+        let ci = layout.routes.lookup(ctx).unwrap_or(layout.default_channel);
+        let ch = &layout.channels[ci as usize];
+        match ch.routes.lookup(ctx).or(ch.default_object) {
+            Some(oi) => {
+                let o = &ch.objects[oi as usize];
+                match o.object.enforce(ctx) {
+                    Ok(outcome) => {
+                        self.counters.record(ch.slot, Some(o.slot), ctx);
+                        Ok(outcome)
+                    }
+                    Err(r) => Err(EnforceError::from_rejection(&o.label, r)),
+                }
+            }
+            None => {
+                self.counters.record(ch.slot, None, ctx);
+                Ok(Outcome::IMMEDIATE)
+            }
+        }
+    }
+
+    /// Which channel and object a request would go to, without enforcing
+    /// it: `(channel, Some(object))`, or no object when it would pass
+    /// through its channel.
+    pub fn select(&self, ctx: &Context) -> (Arc<str>, Option<Arc<str>>) {
+        self.with_layout(|layout| {
+            let ci = layout.routes.lookup(ctx).unwrap_or(layout.default_channel);
+            let ch = &layout.channels[ci as usize];
+            let obj = ch.routes.lookup(ctx).or(ch.default_object).map(|oi| Arc::clone(&ch.objects[oi as usize].label));
+            (Arc::clone(&ch.label), obj)
+        })
+    }
+
+    pub(crate) fn bench_select_channel(&self, ctx: &Context) -> u32 {
+        self.with_layout(|layout| layout.routes.lookup(ctx).unwrap_or(layout.default_channel))
+    }
+
+    pub(crate) fn bench_select_object(&self, ctx: &Context) -> Option<u32> {
+        self.with_layout(|layout| {
+            let ch = &layout.channels[layout.routes.lookup(ctx).unwrap_or(layout.default_channel) as usize];
+            ch.routes.lookup(ctx).or(ch.default_object)
+        })
+    }
+
+    // ----- control interface ---------------------------------------------
+
+    fn lock_control(&self) -> MutexGuard<'_, Model> {
+        // Batches are applied to a copy and swapped in whole, so a panic
+        // cannot leave the model half-updated.
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn transact(&self, f: impl FnOnce(&mut Txn) -> Result<()>) -> Result<ApplyReport> {
+        let mut guard = self.lock_control();
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("stage '{}' is shut down", self.name)));
+        }
+        let mut txn = Txn {
+            model: guard.clone(),
+            configs: Vec::new(),
+            retired: Vec::new(),
+            structural: false,
+            batch_routes: HashSet::new(),
+        };
+        f(&mut txn)?;
+        let layout = if txn.structural { Some(compile(&txn.model)?) } else { None };
+        // Commit: nothing below can fail.
+        for (obj, set) in &txn.configs {
+            obj.configure(set);
+        }
+        if let Some(l) = layout {
+            txn.model.generation += 1;
+            self.layout.store(Arc::new(l));
+            self.layout_generation.store(txn.model.generation, Ordering::Release);
+        }
+        let report = ApplyReport { configured: txn.configs.len(), generation: txn.model.generation };
+        *guard = txn.model;
+        drop(guard);
+        // New requests can no longer reach these; release the ones inside.
+        for o in txn.retired {
+            o.retire();
+        }
+        Ok(report)
+    }
+
+    /// Applies a batch of rules, all or nothing.
+    pub fn apply(&self, rules: &RuleSet) -> Result<ApplyReport> {
+        self.transact(|txn| rules.rules.iter().try_for_each(|e| txn.apply(e)))
+    }
+
+    /// Applies rules built in code, all or nothing.
+    pub fn apply_rules(&self, rules: impl IntoIterator<Item = Rule>) -> Result<ApplyReport> {
+        self.apply(&RuleSet::from_rules(rules))
+    }
+
+    /// Changes one object's configuration (an enforcement rule).
+    pub fn configure(&self, channel: &str, object: &str, set: ObjectConfig) -> Result<ApplyReport> {
+        self.apply_rules([Rule::configure(channel, object, set)])
+    }
+
+    /// Adds an application-defined object to a channel. With `matches`,
+    /// requests it matches go to the object; without, it becomes the
+    /// channel's default object.
+    pub fn create_custom_object(
+        &self,
+        channel: &str,
+        object: &str,
+        custom: Arc<dyn EnforcementObject>,
+        matches: Option<Match>,
+    ) -> Result<ApplyReport> {
+        let loc = Location::default();
+        self.transact(|txn| txn.add_object(channel, object, Object::Custom(custom), matches.as_ref(), &loc))
+    }
+
+    /// A handle to configure one object directly, for control loops that
+    /// re-tune the same objects often.
+    pub fn object(&self, channel: &str, object: &str) -> Option<ObjectHandle> {
+        let m = self.lock_control();
+        let ch = m.channel(channel)?;
+        let o = ch.objects.iter().find(|o| &*o.id == object)?;
+        Some(ObjectHandle { label: format!("{channel}/{object}").into(), object: Arc::clone(&o.object) })
+    }
+
+    /// Identity and layout: name, id, pid, host, channels, objects with
+    /// their current configuration, routes, and the workflows seen so far.
+    pub fn stage_info(&self) -> StageInfo {
+        let m = self.lock_control().clone();
+        let (workflows, _) = self.counters.workflow_totals();
+        let route_info = |r: &RouteModel| RouteInfo { matches: r.matches.clone(), target: r.target.to_string() };
+        StageInfo {
+            name: self.name.clone(),
+            id: self.id,
+            pid: std::process::id(),
+            host: hostname(),
+            generation: m.generation,
+            default_channel: m.default_channel.to_string(),
+            routes: m.routes.iter().map(route_info).collect(),
+            channels: m
+                .channels
+                .iter()
+                .map(|c| ChannelInfo {
+                    id: c.id.to_string(),
+                    default_object: c.default_object.as_ref().map(|d| d.to_string()),
+                    routes: c.routes.iter().map(route_info).collect(),
+                    objects: c
+                        .objects
+                        .iter()
+                        .map(|o| ObjectInfo {
+                            id: o.id.to_string(),
+                            kind: o.object.kind().to_owned(),
+                            spec: o.object.spec(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            workflows: workflows.into_iter().map(|(w, _, _)| WorkflowId(w)).collect(),
+        }
+    }
+
+    /// Monotonic counters since the stage started, with a timestamp. Rates
+    /// come from the difference of two collections ([`Collection::rates_since`]);
+    /// collecting resets nothing, so any number of readers can do this.
+    pub fn collect(&self) -> Collection {
+        let m = self.lock_control().clone();
+        let elapsed_ns = now_ns().saturating_sub(self.started_ns);
+        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut channels = Vec::new();
+        let mut objects = Vec::new();
+        for c in &m.channels {
+            let (ops, bytes) = self.counters.slot_total(c.slot);
+            channels.push(ChannelCounters { channel: c.id.to_string(), counter: Counter { ops, bytes } });
+            for o in &c.objects {
+                let (ops, bytes) = self.counters.slot_total(o.slot);
+                objects.push(ObjectCounters {
+                    channel: c.id.to_string(),
+                    object: o.id.to_string(),
+                    kind: o.object.kind().to_owned(),
+                    incarnation: o.slot,
+                    counter: Counter { ops, bytes },
+                    stats: o.object.stats(),
+                });
+            }
+        }
+        let contexts = self
+            .counters
+            .context_totals()
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, (ops, _))| ops > 0)
+            .filter_map(|(i, (ops, bytes))| {
+                RequestContext::from_id(i as u16)
+                    .map(|context| ContextCounters { context, counter: Counter { ops, bytes } })
+            })
+            .collect();
+        let (wf, (oo, ob)) = self.counters.workflow_totals();
+        Collection {
+            stage: self.name.clone(),
+            stage_id: self.id,
+            elapsed_ns,
+            unix_ms,
+            channels,
+            objects,
+            contexts,
+            workflows: wf
+                .into_iter()
+                .map(|(w, ops, bytes)| WorkflowCounters { workflow: WorkflowId(w), counter: Counter { ops, bytes } })
+                .collect(),
+            other_workflows: Counter { ops: oo, bytes: ob },
+        }
+    }
+
+    /// Shuts the stage down: every waiting request fails with
+    /// [`EnforceError::ShutDown`], and so does every later one. Idempotent.
+    pub fn shutdown(&self) {
+        let m = self.lock_control();
+        self.shut_down.store(true, Ordering::Release);
+        for c in &m.channels {
+            for o in &c.objects {
+                o.object.shutdown();
+            }
+        }
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn hostname() -> String {
+    rustix::system::uname().nodename().to_string_lossy().into_owned()
+}
+
+/// What a successful batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ApplyReport {
+    /// Configuration changes applied to objects.
+    pub configured: usize,
+    /// Layout generation after the batch (bumped by structural changes).
+    pub generation: u64,
+}
+
+/// A direct handle on one object, for control loops.
+#[derive(Clone)]
+pub struct ObjectHandle {
+    label: Arc<str>,
+    object: Arc<Object>,
+}
+
+impl std::fmt::Debug for ObjectHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectHandle({})", self.label)
+    }
+}
+
+impl ObjectHandle {
+    /// `channel/object`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Validates and applies a configuration change.
+    pub fn configure(&self, set: &ObjectConfig) -> Result<()> {
+        self.object
+            .validate(set)
+            .map_err(|e| Error::invalid(format!("{}: field `{}`: {}", self.label, e.field, e.message)))?;
+        self.object.configure(set);
+        Ok(())
+    }
+
+    /// The object's current spec.
+    pub fn spec(&self) -> Option<ObjectSpec> {
+        self.object.spec()
+    }
+
+    /// The object's own statistics.
+    pub fn stats(&self) -> ObjectStats {
+        self.object.stats()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Control interface types.
+
+/// A route as shown in [`StageInfo`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RouteInfo {
+    /// Pattern.
+    #[serde(rename = "match")]
+    pub matches: Match,
+    /// Channel (for channel routes) or object (for object routes).
+    pub target: String,
+}
+
+/// An object as shown in [`StageInfo`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectInfo {
+    /// Object id.
+    pub id: String,
+    /// Kind.
+    pub kind: String,
+    /// Current configuration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ObjectSpec>,
+}
+
+/// A channel as shown in [`StageInfo`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChannelInfo {
+    /// Channel id.
+    pub id: String,
+    /// Objects in creation order.
+    pub objects: Vec<ObjectInfo>,
+    /// Object routes.
+    pub routes: Vec<RouteInfo>,
+    /// Object for requests no object route matches.
+    pub default_object: Option<String>,
+}
+
+/// What `stage_info` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageInfo {
+    /// Stage name.
+    pub name: String,
+    /// Unique stage id.
+    pub id: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Host name.
+    pub host: String,
+    /// Layout generation.
+    pub generation: u64,
+    /// Channel for requests no route matches.
+    pub default_channel: String,
+    /// Channel routes.
+    pub routes: Vec<RouteInfo>,
+    /// Channels in creation order.
+    pub channels: Vec<ChannelInfo>,
+    /// Workflows that have sent requests.
+    pub workflows: Vec<WorkflowId>,
+}
+
+impl StageInfo {
+    /// Objects whose routes (or default role) cover a request context, as
+    /// `(channel, object)`: how a controller finds "the flush objects"
+    /// without magic ids.
+    pub fn objects_for_context(&self, ctx: RequestContext) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for c in &self.channels {
+            let channel_takes = self.routes.iter().any(|r| r.target == c.id && r.matches.context.accepts(ctx))
+                || (self.default_channel == c.id && !self.routes.iter().any(|r| r.matches.context.accepts(ctx)));
+            if !channel_takes {
+                continue;
+            }
+            for o in &c.objects {
+                let routed = c.routes.iter().any(|r| r.target == o.id && r.matches.context.accepts(ctx));
+                let default = c.default_object.as_deref() == Some(&o.id)
+                    && !c.routes.iter().any(|r| r.matches.context.accepts(ctx) && !r.matches.context.is_any());
+                if routed || default {
+                    out.push((c.id.clone(), o.id.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Operations and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counter {
+    /// Requests admitted.
+    pub ops: u64,
+    /// Bytes admitted.
+    pub bytes: u64,
+}
+
+/// Counters of one channel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChannelCounters {
+    /// Channel id.
+    pub channel: String,
+    /// Totals.
+    #[serde(flatten)]
+    pub counter: Counter,
+}
+
+/// Counters of one object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectCounters {
+    /// Channel id.
+    pub channel: String,
+    /// Object id.
+    pub object: String,
+    /// Kind.
+    pub kind: String,
+    /// Changes when an object is removed and created again under the same
+    /// id; counters then restart from zero.
+    pub incarnation: u32,
+    /// Totals.
+    #[serde(flatten)]
+    pub counter: Counter,
+    /// The object's own statistics (waits).
+    pub stats: ObjectStats,
+}
+
+/// Counters of one request context.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ContextCounters {
+    /// Request context.
+    pub context: RequestContext,
+    /// Totals.
+    #[serde(flatten)]
+    pub counter: Counter,
+}
+
+/// Counters of one workflow.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkflowCounters {
+    /// Workflow id.
+    pub workflow: WorkflowId,
+    /// Totals.
+    #[serde(flatten)]
+    pub counter: Counter,
+}
+
+/// What `collect` reports: monotonic counters since the stage started.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Collection {
+    /// Stage name.
+    pub stage: String,
+    /// Stage id.
+    pub stage_id: u64,
+    /// Monotonic time since the stage started, in nanoseconds.
+    pub elapsed_ns: u64,
+    /// Wall-clock time, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// Per channel.
+    pub channels: Vec<ChannelCounters>,
+    /// Per object.
+    pub objects: Vec<ObjectCounters>,
+    /// Per request context (contexts with traffic only).
+    pub contexts: Vec<ContextCounters>,
+    /// Per workflow (a thread tracks a few workflows on its own).
+    pub workflows: Vec<WorkflowCounters>,
+    /// Workflows beyond those tracked per thread.
+    pub other_workflows: Counter,
+}
+
+impl Collection {
+    /// A channel's counters.
+    pub fn channel(&self, id: &str) -> Option<Counter> {
+        self.channels.iter().find(|c| c.channel == id).map(|c| c.counter)
+    }
+
+    /// An object's counters.
+    pub fn object(&self, channel: &str, object: &str) -> Option<&ObjectCounters> {
+        self.objects.iter().find(|o| o.channel == channel && o.object == object)
+    }
+
+    /// A request context's counters (zero when it had no traffic).
+    pub fn context(&self, ctx: RequestContext) -> Counter {
+        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.counter)
+    }
+
+    /// Rates between an earlier collection and this one.
+    pub fn rates_since(&self, earlier: &Collection) -> Rates {
+        let dt = self.elapsed_ns.saturating_sub(earlier.elapsed_ns);
+        let secs = (dt as f64 * 1e-9).max(1e-9);
+        let rate = |now: Counter, then: Counter| RatePair {
+            ops_per_sec: now.ops.saturating_sub(then.ops) as f64 / secs,
+            bytes_per_sec: now.bytes.saturating_sub(then.bytes) as f64 / secs,
+        };
+        Rates {
+            interval: Duration::from_nanos(dt),
+            channels: self
+                .channels
+                .iter()
+                .map(|c| (c.channel.clone(), rate(c.counter, earlier.channel(&c.channel).unwrap_or_default())))
+                .collect(),
+            objects: self
+                .objects
+                .iter()
+                .map(|o| {
+                    let then = earlier
+                        .object(&o.channel, &o.object)
+                        .filter(|e| e.incarnation == o.incarnation)
+                        .map_or_else(Counter::default, |e| e.counter);
+                    ((o.channel.clone(), o.object.clone()), rate(o.counter, then))
+                })
+                .collect(),
+            contexts: self.contexts.iter().map(|c| (c.context, rate(c.counter, earlier.context(c.context)))).collect(),
+        }
+    }
+}
+
+/// Ops/s and bytes/s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RatePair {
+    /// Requests per second.
+    pub ops_per_sec: f64,
+    /// Bytes per second.
+    pub bytes_per_sec: f64,
+}
+
+/// Rates between two collections.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rates {
+    /// Time between the two collections.
+    pub interval: Duration,
+    /// Per channel.
+    pub channels: Vec<(String, RatePair)>,
+    /// Per `(channel, object)`.
+    pub objects: Vec<((String, String), RatePair)>,
+    /// Per request context.
+    pub contexts: Vec<(RequestContext, RatePair)>,
+}
+
+impl Rates {
+    /// A request context's rates (zero when it had no traffic).
+    pub fn context(&self, ctx: RequestContext) -> RatePair {
+        self.contexts.iter().find(|c| c.0 == ctx).map_or_else(RatePair::default, |c| c.1)
+    }
+
+    /// A channel's rates.
+    pub fn channel(&self, id: &str) -> RatePair {
+        self.channels.iter().find(|c| c.0 == id).map_or_else(RatePair::default, |c| c.1)
+    }
+
+    /// An object's rates.
+    pub fn object(&self, channel: &str, object: &str) -> RatePair {
+        self.objects.iter().find(|o| o.0.0 == channel && o.0.1 == object).map_or_else(RatePair::default, |o| o.1)
+    }
+}
