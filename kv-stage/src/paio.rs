@@ -499,10 +499,12 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                     "drl" => drl_spec(period, rate),
                     other => return Err(line.err("object_type", format!("unknown object type '{other}' (noop, drl)"))),
                 };
-                let objects = channels
-                    .get_mut(&channel)
-                    .ok_or_else(|| line.err("channel", format!("unknown channel '{channel}'")))?;
-                if !objects.insert(object.clone()) {
+                // Channels and objects from other files (or already in the
+                // stage) are checked when the rules are applied, which names
+                // this line too.
+                if let Some(objects) = channels.get_mut(&channel)
+                    && !objects.insert(object.clone())
+                {
                     return Err(line.err("object", format!("object '{object}' already exists in channel '{channel}'")));
                 }
                 let pattern = Match { request_type: types, context: contexts, ..Match::default() };
@@ -527,12 +529,6 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                         "operation",
                         format!("unknown operation '{verb}' (create_channel, create_object, or `<channel> <object> drl init|rate|refill`)"),
                     ));
-                }
-                let known = channels
-                    .get(&channel)
-                    .ok_or_else(|| line.err("channel", format!("unknown channel '{channel}'")))?;
-                if !known.contains(&object) {
-                    return Err(line.err("object", format!("unknown object '{object}' in channel '{channel}'")));
                 }
                 let op = line.token(4, "drl_operation")?;
                 let set = match op {
@@ -565,7 +561,7 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                         );
                     }
                 };
-                push(Rule::Configure { channel, object, set }, &line);
+                push(Rule::Configure { channel, object, set, ignore_unsupported: true }, &line);
             }
         }
     }
@@ -628,7 +624,12 @@ mod tests {
         assert_eq!(d.refill_period, Some(PAIO_DEFAULT_REFILL_PERIOD));
         assert_eq!(
             rs.rules[3].rule,
-            Rule::configure("3000", "1", ObjectConfig::rate(Rate::bytes_per_sec(150000.0).unwrap()))
+            Rule::Configure {
+                channel: "3000".into(),
+                object: "1".into(),
+                set: ObjectConfig::rate(Rate::bytes_per_sec(150000.0).unwrap()),
+                ignore_unsupported: true,
+            }
         );
     }
 
@@ -684,12 +685,32 @@ mod tests {
             ("1 create_channel a lsm_kvs_simple 1 foreground bg_flush\n", 1, "context", "excludes every request"),
         ];
         for (text, line, field, msg) in cases {
-            let e = parse_str(text, PaioOptions { channel_classifiers: "type,context".parse().unwrap() }).unwrap_err();
+            // Some errors are found while parsing, the rest when the rules
+            // meet a stage (unknown channels and objects); both name the line.
+            let opts = PaioOptions { channel_classifiers: "type,context".parse().unwrap() };
+            let e = match parse_str(text, opts) {
+                Err(e) => e,
+                Ok(rs) => crate::Stage::new("t").apply(&rs).expect_err("the rules must be rejected"),
+            };
             assert_eq!(e.location().and_then(|l| l.line), Some(*line), "{text}: {e}");
             assert_eq!(e.field(), Some(*field), "{text}: {e}");
             assert!(e.to_string().contains(msg), "{text}: {e}");
             assert!(e.to_string().starts_with(&format!("rules:{line}")), "{e}");
         }
+    }
+
+    #[test]
+    fn duplicate_object_pattern_is_an_error() {
+        let e = parse_str(
+            "1 create_channel c lsm_kvs_detailed 1 no_op no_op
+             2 create_object c 1 lsm_kvs_detailed no_op bg_compaction_L0_L0 drl 0 0
+             3 create_object c 2 lsm_kvs_detailed no_op bg_compaction_L0_L1 drl 0 0
+",
+            PaioOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.location().unwrap().line, Some(3));
+        assert!(e.to_string().contains("same differentiation"), "{e}");
     }
 
     #[test]

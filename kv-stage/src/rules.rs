@@ -122,6 +122,12 @@ pub enum Rule {
         object: String,
         /// The settings to change.
         set: ObjectConfig,
+        /// When the object has none of these settings (a DRL rate sent to a
+        /// noop), skip the rule with a warning instead of failing the batch.
+        /// Paio behaves this way; the Paio importer sets it. Bad values for
+        /// settings the object has still fail.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ignore_unsupported: bool,
     },
 }
 
@@ -174,7 +180,7 @@ impl Rule {
 
     /// Shorthand for a `configure` rule.
     pub fn configure(channel: &str, object: &str, set: ObjectConfig) -> Self {
-        Rule::Configure { channel: channel.to_owned(), object: object.to_owned(), set }
+        Rule::Configure { channel: channel.to_owned(), object: object.to_owned(), set, ignore_unsupported: false }
     }
 }
 
@@ -478,11 +484,7 @@ set = { rate = "32MiB/s" }
 
     #[test]
     fn rules_round_trip_through_serde() {
-        let r = Rule::Configure {
-            channel: "c".into(),
-            object: "o".into(),
-            set: ObjectConfig::rate("10MiB/s".parse().unwrap()),
-        };
+        let r = Rule::configure("c", "o", ObjectConfig::rate("10MiB/s".parse().unwrap()));
         let j = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Rule>(&j).unwrap(), r);
     }

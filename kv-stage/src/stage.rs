@@ -142,6 +142,7 @@ struct Txn {
     model: Model,
     configs: Vec<(Arc<Object>, ObjectConfig)>,
     retired: Vec<Arc<Object>>,
+    warnings: Vec<String>,
     structural: bool,
     /// Patterns routed in this batch, to reject repeats within one batch.
     batch_routes: HashSet<(Option<Arc<str>>, Match)>,
@@ -345,17 +346,40 @@ impl Txn {
         Ok(())
     }
 
-    fn configure(&mut self, channel: &str, object: &str, set: &ObjectConfig, loc: &Location) -> Result<()> {
+    fn configure(
+        &mut self,
+        channel: &str,
+        object: &str,
+        set: &ObjectConfig,
+        ignore_unsupported: bool,
+        loc: &Location,
+    ) -> Result<()> {
         let ch = self.channel_mut(channel, loc)?;
-        let o = ch.objects.iter().find(|o| &*o.id == object).ok_or_else(|| {
-            Error::rule(loc, Some("object"), format!("unknown object '{object}' in channel '{channel}'"))
-        })?;
+        let o = Arc::clone(
+            &ch.objects
+                .iter()
+                .find(|o| &*o.id == object)
+                .ok_or_else(|| {
+                    Error::rule(loc, Some("object"), format!("unknown object '{object}' in channel '{channel}'"))
+                })?
+                .object,
+        );
         if set.set_fields().is_empty() {
             return Err(Error::rule(loc, Some("set"), "a configure rule must change at least one setting"));
         }
-        o.object.validate(set).map_err(|e| config_error(loc, &format!("{channel}/{object}"), e))?;
-        let obj = Arc::clone(&o.object);
-        self.configs.push((obj, set.clone()));
+        match o.validate(set) {
+            Ok(()) => {}
+            Err(e) if e.unsupported && ignore_unsupported => {
+                self.warnings.push(format!(
+                    "{loc}: {channel}/{object} ({}) has no setting `{}`; rule skipped",
+                    o.kind(),
+                    e.field
+                ));
+                return Ok(());
+            }
+            Err(e) => return Err(config_error(loc, &format!("{channel}/{object}"), e)),
+        }
+        self.configs.push((o, set.clone()));
         Ok(())
     }
 
@@ -375,7 +399,9 @@ impl Txn {
             Rule::UnrouteObject { channel, matches } => self.unroute_object(channel, matches, loc),
             Rule::SetDefaultChannel { channel } => self.set_default_channel(channel, loc),
             Rule::SetDefaultObject { channel, object } => self.set_default_object(channel, object.as_deref(), loc),
-            Rule::Configure { channel, object, set } => self.configure(channel, object, set, loc),
+            Rule::Configure { channel, object, set, ignore_unsupported } => {
+                self.configure(channel, object, set, *ignore_unsupported, loc)
+            }
         }
     }
 }
@@ -646,6 +672,7 @@ impl Stage {
             model: guard.clone(),
             configs: Vec::new(),
             retired: Vec::new(),
+            warnings: Vec::new(),
             structural: false,
             batch_routes: HashSet::new(),
         };
@@ -660,7 +687,11 @@ impl Stage {
             self.layout.store(Arc::new(l));
             self.layout_generation.store(txn.model.generation, Ordering::Release);
         }
-        let report = ApplyReport { configured: txn.configs.len(), generation: txn.model.generation };
+        let report = ApplyReport {
+            configured: txn.configs.len(),
+            generation: txn.model.generation,
+            warnings: std::mem::take(&mut txn.warnings),
+        };
         *guard = txn.model;
         drop(guard);
         // New requests can no longer reach these; release the ones inside.
@@ -825,12 +856,14 @@ fn hostname() -> String {
 }
 
 /// What a successful batch did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ApplyReport {
     /// Configuration changes applied to objects.
     pub configured: usize,
     /// Layout generation after the batch (bumped by structural changes).
     pub generation: u64,
+    /// Rules skipped with `ignore_unsupported`.
+    pub warnings: Vec<String>,
 }
 
 /// A direct handle on one object, for control loops.

@@ -120,7 +120,7 @@ impl EnforcementObject for Drl {
     fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
         for f in c.set_fields() {
             if !matches!(f, "rate" | "burst" | "refill_period") {
-                return Err(ConfigError::new(f, "not a DRL setting (rate, burst, refill_period)"));
+                return Err(ConfigError::unsupported(f, "not a DRL setting (rate, burst, refill_period)"));
             }
         }
         if c.burst.is_some() && c.refill_period.is_some() {

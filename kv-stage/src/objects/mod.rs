@@ -135,11 +135,19 @@ pub struct ConfigError {
     pub field: &'static str,
     /// What is wrong.
     pub message: String,
+    /// The object has no such setting at all (as opposed to a bad value).
+    pub unsupported: bool,
 }
 
 impl ConfigError {
-    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
-        ConfigError { field, message: message.into() }
+    /// A bad value for a setting the object has.
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+        ConfigError { field, message: message.into(), unsupported: false }
+    }
+
+    /// A setting the object does not have.
+    pub fn unsupported(field: &'static str, message: impl Into<String>) -> Self {
+        ConfigError { field, message: message.into(), unsupported: true }
     }
 }
 
@@ -233,7 +241,7 @@ impl EnforcementObject for Noop {
     }
     fn validate(&self, config: &ObjectConfig) -> Result<(), ConfigError> {
         match config.set_fields().first() {
-            Some(f) => Err(ConfigError::new(f, "a noop object has no settings")),
+            Some(f) => Err(ConfigError::unsupported(f, "a noop object has no settings")),
             None => Ok(()),
         }
     }

@@ -84,6 +84,13 @@ impl QosSpec {
         s
     }
 
+    /// IOPS limits are counts whatever unit they were written in.
+    fn normalized(mut self) -> QosSpec {
+        self.riops = ops_rate(self.riops);
+        self.wiops = ops_rate(self.wiops);
+        self
+    }
+
     fn merged(&self, c: &ObjectConfig) -> QosSpec {
         let mut s = self.clone();
         let pick = |new: Option<Rate>, old: Option<Rate>| match new {
@@ -98,7 +105,7 @@ impl QosSpec {
         if c.refill_period.is_some() {
             s.refill_period = c.refill_period;
         }
-        s
+        s.normalized()
     }
 }
 
@@ -126,6 +133,7 @@ impl Qos {
     /// Builds the object from its spec.
     pub fn new(spec: QosSpec) -> Result<Self, ConfigError> {
         spec.validate()?;
+        let spec = spec.normalized();
         let mk = |r: Option<Rate>, unit: RateUnit| {
             let rate = r.unwrap_or(Rate::unlimited(unit));
             Bucket::new(bytes_limit(r), unit, burst_for(rate, None, spec.refill_period))
@@ -163,7 +171,7 @@ impl EnforcementObject for Qos {
     fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
         for f in c.set_fields() {
             if !matches!(f, "rbps" | "wbps" | "riops" | "wiops" | "refill_period") {
-                return Err(ConfigError::new(f, "not a QoS setting (rbps, wbps, riops, wiops, refill_period)"));
+                return Err(ConfigError::unsupported(f, "not a QoS setting (rbps, wbps, riops, wiops, refill_period)"));
             }
         }
         let current = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
