@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs, when they are missing.
+# Sourced by the other scripts; safe to run again.
+set -euo pipefail
+
+need=()
+# bindgen (librocksdb-sys) needs libclang; cc needs a C++ compiler.
+if ! compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null && ! compgen -G "/usr/lib/*/libclang-[0-9]*.so*" >/dev/null; then
+    need+=(libclang-dev)
+fi
+command -v c++ >/dev/null || need+=(g++)
+if ((${#need[@]})); then
+    echo "setup: installing ${need[*]}" >&2
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "setup: cargo is not installed" >&2; exit 1; }
