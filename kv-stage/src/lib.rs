@@ -81,10 +81,10 @@ pub use objects::{
 };
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{
-    ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, DEFAULT_CHANNEL, ObjectCounters,
-    ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage, StageInfo, WorkflowCounters,
+    ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, DEFAULT_CHANNEL, JobCounters,
+    ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage, StageInfo, WorkflowCounters,
 };
-pub use stats::{MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
+pub use stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
 pub use units::{Amount, Rate, RateUnit};
 
 /// Internals exposed for the criterion benchmarks only; not a stable API.

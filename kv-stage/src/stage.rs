@@ -59,25 +59,92 @@ struct Layout {
     default_channel: u32,
 }
 
-/// The layout a thread used last, tagged with its stage and generation.
+/// What a thread remembers of the stage it used last: the layout, tagged
+/// with the stage and layout generation, and the route of the last request
+/// classified (its classifiers and where they led).
 ///
 /// Checking the stage's generation (a plain load of a line that changes only
 /// when rules do) against the tag costs a few nanoseconds, where loading from
-/// the `ArcSwap` costs atomic read-modify-writes on shared lines. The layout
-/// is taken out of its cell while in use and put back after, so a nested
-/// `enforce` on the same thread (an object doing staged I/O) finds the cell
-/// empty and loads the layout itself. One entry per thread: a thread that
+/// the `ArcSwap` costs atomic read-modify-writes on shared lines. A thread
+/// mostly repeats the same kind of request (a client thread appending to the
+/// WAL, a flush thread writing one table), so the remembered route usually
+/// applies and the tables are not consulted at all; when it leads to a Noop
+/// or to a channel without objects, the layout is not touched either. The
+/// layout is taken out of its cell while in use and put back after, so a
+/// nested `enforce` on the same thread (an object doing staged I/O) finds
+/// the cell empty and loads its own. One entry per thread: a thread that
 /// alternates between stages takes the slower path on every switch.
-struct CachedLayout {
+struct ThreadCache {
     stage_uid: Cell<u64>,
     generation: Cell<u64>,
     layout: Cell<Option<Arc<Layout>>>,
+    /// `route_key` of the remembered request; 0 when there is none.
+    memo_key: Cell<u64>,
+    memo_workflow: Cell<u64>,
+    memo: Cell<Route>,
+}
+
+/// Where a request goes, with the counter slots to charge.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Route {
+    channel: u32,
+    /// Object index in the channel, or `NO_OBJECT`.
+    object: u32,
+    channel_slot: u32,
+    object_slot: u32,
+    /// The object must be called (anything but a Noop).
+    call: bool,
+}
+
+const NO_OBJECT: u32 = u32::MAX;
+
+impl Route {
+    const EMPTY: Route = Route { channel: 0, object: NO_OBJECT, channel_slot: 0, object_slot: 0, call: false };
+
+    #[inline(always)]
+    fn object_slot(self) -> Option<u32> {
+        if self.object == NO_OBJECT { None } else { Some(self.object_slot) }
+    }
+}
+
+/// The classifiers that decide a route, except the workflow, in one word
+/// (bit 63 set so that 0 means "none").
+#[inline(always)]
+fn route_key(ctx: &Context) -> u64 {
+    (1 << 63) | ctx.request_type as u64 | (u64::from(ctx.context.id()) << 8) | (u64::from(ctx.instance.0) << 24)
 }
 
 thread_local! {
-    static LAYOUT_CACHE: CachedLayout = const {
-        CachedLayout { stage_uid: Cell::new(0), generation: Cell::new(0), layout: Cell::new(None) }
+    static LAYOUT_CACHE: ThreadCache = const {
+        ThreadCache {
+            stage_uid: Cell::new(0),
+            generation: Cell::new(0),
+            layout: Cell::new(None),
+            memo_key: Cell::new(0),
+            memo_workflow: Cell::new(0),
+            memo: Cell::new(Route::EMPTY),
+        }
     };
+}
+
+impl Layout {
+    fn route(&self, ctx: &Context) -> Route {
+        let ci = self.routes.lookup(ctx).unwrap_or(self.default_channel);
+        let ch = &self.channels[ci as usize];
+        match ch.routes.lookup(ctx).or(ch.default_object) {
+            Some(oi) => {
+                let o = &ch.objects[oi as usize];
+                Route {
+                    channel: ci,
+                    object: oi,
+                    channel_slot: ch.slot,
+                    object_slot: o.slot,
+                    call: !matches!(*o.object, Object::Noop(_)),
+                }
+            }
+            None => Route { channel: ci, object: NO_OBJECT, channel_slot: ch.slot, object_slot: 0, call: false },
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -499,6 +566,8 @@ pub struct Stage {
     counters: Counters,
     control: Mutex<Model>,
     shut_down: AtomicBool,
+    /// Jobs begun and completed per request context (see `job_started`).
+    jobs: Box<[[AtomicU64; 2]]>,
 }
 
 impl std::fmt::Debug for Stage {
@@ -548,6 +617,7 @@ impl Stage {
             counters: Counters::new(),
             control: Mutex::new(model),
             shut_down: AtomicBool::new(false),
+            jobs: (0..RequestContext::MAX).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect(),
         }
     }
 
@@ -573,13 +643,71 @@ impl Stage {
         if self.shut_down.load(Ordering::Relaxed) {
             return Err(EnforceError::shut_down(None));
         }
-        self.with_layout(|layout| self.enforce_in(layout, ctx))
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        let key = route_key(ctx);
+        let remembered = LAYOUT_CACHE
+            .try_with(|c| {
+                (c.stage_uid.get() == self.uid
+                    && c.generation.get() == generation
+                    && c.memo_key.get() == key
+                    && c.memo_workflow.get() == ctx.workflow.0)
+                    .then(|| c.memo.get())
+            })
+            .ok()
+            .flatten();
+        match remembered {
+            // A Noop or a pass-through: nothing to call, only to count.
+            Some(route) if !route.call => {
+                self.counters.record(route.channel_slot, route.object_slot(), ctx);
+                Ok(Outcome::IMMEDIATE)
+            }
+            _ => self.enforce_with_layout(ctx, generation, key, remembered),
+        }
     }
 
-    /// Runs `f` on the current layout.
+    /// The path through the layout: the route is looked up (unless it was
+    /// remembered) and the object called.
+    #[inline(never)]
+    fn enforce_with_layout(
+        &self,
+        ctx: &Context,
+        generation: u64,
+        key: u64,
+        remembered: Option<Route>,
+    ) -> Result<Outcome, EnforceError> {
+        self.with_layout(generation, |layout| {
+            let route = match remembered {
+                Some(r) => r,
+                None => {
+                    let r = layout.route(ctx);
+                    let _ = LAYOUT_CACHE.try_with(|c| {
+                        if c.stage_uid.get() == self.uid && c.generation.get() == generation {
+                            c.memo_key.set(key);
+                            c.memo_workflow.set(ctx.workflow.0);
+                            c.memo.set(r);
+                        }
+                    });
+                    r
+                }
+            };
+            if route.object == NO_OBJECT {
+                self.counters.record(route.channel_slot, None, ctx);
+                return Ok(Outcome::IMMEDIATE);
+            }
+            let o = &layout.channels[route.channel as usize].objects[route.object as usize];
+            match o.object.enforce(ctx) {
+                Ok(outcome) => {
+                    self.counters.record(route.channel_slot, Some(route.object_slot), ctx);
+                    Ok(outcome)
+                }
+                Err(r) => Err(EnforceError::from_rejection(&o.label, r)),
+            }
+        })
+    }
+
+    /// Runs `f` on the layout of `generation` (or a newer one).
     #[inline(always)]
-    fn with_layout<R>(&self, f: impl FnOnce(&Layout) -> R) -> R {
-        let generation = self.layout_generation.load(Ordering::Acquire);
+    fn with_layout<R>(&self, generation: u64, f: impl FnOnce(&Layout) -> R) -> R {
         let uid = self.uid;
         let cached = LAYOUT_CACHE
             .try_with(
@@ -601,42 +729,26 @@ impl Stage {
         r
     }
 
+    /// Loads the layout and re-tags the thread's cache for it (forgetting
+    /// the remembered route).
     #[cold]
     fn load_layout(&self, generation: u64) -> Arc<Layout> {
+        let layout = self.layout.load_full();
         let _ = LAYOUT_CACHE.try_with(|c| {
             c.stage_uid.set(self.uid);
             c.generation.set(generation);
+            c.memo_key.set(0);
+            c.layout.set(None);
         });
-        self.layout.load_full()
-    }
-
-    #[inline]
-    fn enforce_in(&self, layout: &Layout, ctx: &Context) -> Result<Outcome, EnforceError> {
-        let ci = layout.routes.lookup(ctx).unwrap_or(layout.default_channel);
-        let ch = &layout.channels[ci as usize];
-        match ch.routes.lookup(ctx).or(ch.default_object) {
-            Some(oi) => {
-                let o = &ch.objects[oi as usize];
-                match o.object.enforce(ctx) {
-                    Ok(outcome) => {
-                        self.counters.record(ch.slot, Some(o.slot), ctx);
-                        Ok(outcome)
-                    }
-                    Err(r) => Err(EnforceError::from_rejection(&o.label, r)),
-                }
-            }
-            None => {
-                self.counters.record(ch.slot, None, ctx);
-                Ok(Outcome::IMMEDIATE)
-            }
-        }
+        layout
     }
 
     /// Which channel and object a request would go to, without enforcing
     /// it: `(channel, Some(object))`, or no object when it would pass
     /// through its channel.
     pub fn select(&self, ctx: &Context) -> (Arc<str>, Option<Arc<str>>) {
-        self.with_layout(|layout| {
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        self.with_layout(generation, |layout| {
             let ci = layout.routes.lookup(ctx).unwrap_or(layout.default_channel);
             let ch = &layout.channels[ci as usize];
             let obj = ch.routes.lookup(ctx).or(ch.default_object).map(|oi| Arc::clone(&ch.objects[oi as usize].label));
@@ -645,11 +757,13 @@ impl Stage {
     }
 
     pub(crate) fn bench_select_channel(&self, ctx: &Context) -> u32 {
-        self.with_layout(|layout| layout.routes.lookup(ctx).unwrap_or(layout.default_channel))
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        self.with_layout(generation, |layout| layout.routes.lookup(ctx).unwrap_or(layout.default_channel))
     }
 
     pub(crate) fn bench_select_object(&self, ctx: &Context) -> Option<u32> {
-        self.with_layout(|layout| {
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        self.with_layout(generation, |layout| {
             let ch = &layout.channels[layout.routes.lookup(ctx).unwrap_or(layout.default_channel) as usize];
             ch.routes.lookup(ctx).or(ch.default_object)
         })
@@ -824,6 +938,39 @@ impl Stage {
                 .map(|(w, ops, bytes)| WorkflowCounters { workflow: WorkflowId(w), counter: Counter { ops, bytes } })
                 .collect(),
             other_workflows: Counter { ops: oo, bytes: ob },
+            jobs: self
+                .jobs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, [b, c])| {
+                    let begun = b.load(Ordering::Acquire);
+                    let completed = c.load(Ordering::Acquire).min(begun);
+                    (begun > 0).then(|| RequestContext::from_id(i as u16)).flatten().map(|context| JobCounters {
+                        context,
+                        begun,
+                        completed,
+                        running: begun - completed,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Records that a job of `context` began (a flush, a compaction, a
+    /// backup run): layers that know when jobs run report it here, and
+    /// control planes read running jobs from [`Collection::jobs`]. Jobs are
+    /// counted, not timed; a job that begins and ends between two collections
+    /// still shows in `begun`.
+    pub fn job_started(&self, context: RequestContext) {
+        if let Some([b, _]) = self.jobs.get(context.index()) {
+            b.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Records that a job of `context` completed.
+    pub fn job_finished(&self, context: RequestContext) {
+        if let Some([_, c]) = self.jobs.get(context.index()) {
+            c.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -1070,6 +1217,22 @@ pub struct Collection {
     pub workflows: Vec<WorkflowCounters>,
     /// Workflows beyond those tracked per thread.
     pub other_workflows: Counter,
+    /// Jobs per request context, as layers reported them
+    /// ([`Stage::job_started`]); contexts that never had a job are omitted.
+    pub jobs: Vec<JobCounters>,
+}
+
+/// Jobs of one request context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct JobCounters {
+    /// Request context.
+    pub context: RequestContext,
+    /// Jobs begun.
+    pub begun: u64,
+    /// Jobs completed.
+    pub completed: u64,
+    /// Jobs running now (`begun - completed`).
+    pub running: u64,
 }
 
 impl Collection {
@@ -1081,6 +1244,16 @@ impl Collection {
     /// An object's counters.
     pub fn object(&self, channel: &str, object: &str) -> Option<&ObjectCounters> {
         self.objects.iter().find(|o| o.channel == channel && o.object == object)
+    }
+
+    /// Jobs of a request context (zero when none were reported).
+    pub fn jobs(&self, ctx: RequestContext) -> JobCounters {
+        self.jobs.iter().find(|j| j.context == ctx).copied().unwrap_or(JobCounters {
+            context: ctx,
+            begun: 0,
+            completed: 0,
+            running: 0,
+        })
     }
 
     /// A request context's counters (zero when it had no traffic).

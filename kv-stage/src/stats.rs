@@ -104,16 +104,23 @@ struct Cell {
 }
 
 impl Cell {
+    /// Adds from the cell's only writer: a relaxed load and store cannot
+    /// lose an update, and needs no locked instruction.
+    #[inline(always)]
+    fn add_exclusive(&self, bytes: u64) {
+        self.ops.store(self.ops.load(Relaxed).wrapping_add(1), Relaxed);
+        self.bytes.store(self.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
+    }
+
+    /// Adds from one of several writers.
+    fn add_shared(&self, bytes: u64) {
+        self.ops.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+    }
+
     #[inline(always)]
     fn add(&self, exclusive: bool, bytes: u64) {
-        if exclusive {
-            // Single writer: a relaxed load and store cannot lose an update.
-            self.ops.store(self.ops.load(Relaxed).wrapping_add(1), Relaxed);
-            self.bytes.store(self.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
-        } else {
-            self.ops.fetch_add(1, Relaxed);
-            self.bytes.fetch_add(bytes, Relaxed);
-        }
+        if exclusive { self.add_exclusive(bytes) } else { self.add_shared(bytes) }
     }
 
     fn get(&self) -> (u64, u64) {
@@ -136,6 +143,24 @@ struct Shard {
 }
 
 impl Shard {
+    /// Counts a workflow other than the one in the first cell (owner only).
+    #[inline(never)]
+    fn record_workflow(&self, key: u64, size: u64) {
+        if key != 0 {
+            for w in &self.workflows {
+                let id = w.id.load(Relaxed);
+                if id == key {
+                    return w.cell.add_exclusive(size);
+                }
+                if id == 0 {
+                    w.id.store(key, Release);
+                    return w.cell.add_exclusive(size);
+                }
+            }
+        }
+        self.other_workflows.add_exclusive(size);
+    }
+
     fn new() -> Self {
         Shard {
             inline: std::array::from_fn(|_| Cell::default()),
@@ -202,30 +227,36 @@ impl Counters {
     #[inline(always)]
     pub(crate) fn record(&self, channel_slot: u32, object_slot: Option<u32>, ctx: &Context) {
         let slot = thread_slot();
-        let exclusive = slot != SHARED_SLOT;
+        if slot == SHARED_SLOT {
+            return self.record_shared(channel_slot, object_slot, ctx);
+        }
+        // The common case, kept small: this thread is the shard's only writer.
         let shard = self.shard(slot);
         let size = ctx.size;
-        shard.slot(channel_slot).add(exclusive, size);
+        shard.slot(channel_slot).add_exclusive(size);
         if let Some(o) = object_slot {
-            shard.slot(o).add(exclusive, size);
+            shard.slot(o).add_exclusive(size);
         }
-        shard.contexts[ctx.context.index()].add(exclusive, size);
+        shard.contexts[ctx.context.index()].add_exclusive(size);
         let key = ctx.workflow.0.wrapping_add(1);
-        if exclusive && key != 0 {
-            for w in &shard.workflows {
-                let id = w.id.load(Relaxed);
-                if id == key {
-                    w.cell.add(true, size);
-                    return;
-                }
-                if id == 0 {
-                    w.id.store(key, Release);
-                    w.cell.add(true, size);
-                    return;
-                }
-            }
+        let first = &shard.workflows[0];
+        if first.id.load(Relaxed) == key {
+            return first.cell.add_exclusive(size);
         }
-        shard.other_workflows.add(exclusive, size);
+        shard.record_workflow(key, size);
+    }
+
+    /// Threads beyond [`MAX_THREAD_SLOTS`] share one shard.
+    #[cold]
+    #[inline(never)]
+    fn record_shared(&self, channel_slot: u32, object_slot: Option<u32>, ctx: &Context) {
+        let shard = self.shard(SHARED_SLOT);
+        shard.slot(channel_slot).add_shared(ctx.size);
+        if let Some(o) = object_slot {
+            shard.slot(o).add_shared(ctx.size);
+        }
+        shard.contexts[ctx.context.index()].add_shared(ctx.size);
+        shard.other_workflows.add_shared(ctx.size);
     }
 
     fn shards(&self) -> impl Iterator<Item = &Shard> {
@@ -273,6 +304,68 @@ impl Counters {
     }
 }
 
+/// A fixed array of `N` monotonic (ops, bytes) counters that many threads
+/// add to without sharing cache lines: each thread writes its own shard
+/// (see the module documentation). For layers that keep their own
+/// statistics next to the stage's, such as per-file-kind I/O in rocks-env.
+pub struct CounterArray<const N: usize> {
+    shards: Box<[OnceLock<Box<ArrayShard<N>>>]>,
+}
+
+/// One thread's cells of a [`CounterArray`], on their own cache lines.
+type ArrayShard<const N: usize> = CachePadded<[Cell; N]>;
+
+impl<const N: usize> Default for CounterArray<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for CounterArray<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CounterArray").field("totals", &self.totals()).finish()
+    }
+}
+
+impl<const N: usize> CounterArray<N> {
+    /// All counters at zero.
+    pub fn new() -> Self {
+        CounterArray { shards: (0..=MAX_THREAD_SLOTS).map(|_| OnceLock::new()).collect() }
+    }
+
+    /// Adds one operation of `bytes` to counter `index` (ignored when
+    /// `index >= N`).
+    #[inline]
+    pub fn add(&self, index: usize, bytes: u64) {
+        let slot = thread_slot();
+        let shard = match self.shards[slot].get() {
+            Some(s) => s,
+            None => self.new_shard(slot),
+        };
+        if let Some(c) = shard.get(index) {
+            c.add(slot != SHARED_SLOT, bytes);
+        }
+    }
+
+    #[cold]
+    fn new_shard(&self, slot: usize) -> &ArrayShard<N> {
+        self.shards[slot].get_or_init(|| Box::new(CachePadded::new(std::array::from_fn(|_| Cell::default()))))
+    }
+
+    /// `(ops, bytes)` of every counter.
+    pub fn totals(&self) -> [(u64, u64); N] {
+        let mut out = [(0u64, 0u64); N];
+        for shard in self.shards.iter().filter_map(|s| s.get()) {
+            for (acc, c) in out.iter_mut().zip(shard.iter()) {
+                let (o, b) = c.get();
+                acc.0 += o;
+                acc.1 += b;
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +403,26 @@ mod tests {
         assert_eq!(other, (0, 0));
         assert_eq!(wf.len(), 8);
         assert!(wf.iter().all(|&(_, o, b)| o == 10_000 && b == 100_000));
+    }
+
+    #[test]
+    fn counter_array_sums_threads() {
+        let a = Arc::new(CounterArray::<3>::new());
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let a = Arc::clone(&a);
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        a.add(1, 10);
+                    }
+                    a.add(7, 1); // out of range: ignored
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(a.totals(), [(0, 0), (4000, 40_000), (0, 0)]);
     }
 
     #[test]

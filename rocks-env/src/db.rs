@@ -1,0 +1,205 @@
+//! Opening a RocksDB `DB` wired to a stage.
+
+use std::io;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kv_stage::{InstanceId, KvStore, Stage};
+use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode};
+
+use crate::device::{Device, DeviceStats};
+use crate::env::{add_listener, staged_env};
+use crate::error::Result;
+use crate::io::{DbIo, IoStats, JobStats};
+use crate::layout::RocksLayout;
+
+/// Builds a [`StagedDb`].
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use kv_stage::Stage;
+/// use rocks_env::{RocksLayout, StagedDb};
+///
+/// let stage = Arc::new(Stage::new("app"));
+/// let handles = RocksLayout::new().install(&stage).unwrap();
+/// let mut opts = rocksdb::Options::default();
+/// opts.create_if_missing(true);
+/// let db = StagedDb::builder(opts).stage(Arc::clone(&stage)).open("/tmp/db").unwrap();
+/// db.put(b"key", b"value").unwrap(); // the rocksdb API, through Deref
+/// ```
+pub struct StagedDbBuilder {
+    options: rocksdb::Options,
+    stage: Option<Arc<Stage>>,
+    device: Option<Arc<Device>>,
+    instance: InstanceId,
+    column_families: Vec<(String, rocksdb::Options)>,
+}
+
+impl StagedDbBuilder {
+    /// Starts from RocksDB options (used as given; the builder only adds its
+    /// Env and event listener to a copy).
+    pub fn new(options: rocksdb::Options) -> Self {
+        StagedDbBuilder { options, stage: None, device: None, instance: InstanceId(0), column_families: Vec::new() }
+    }
+
+    /// The stage to enforce through. Default: a new stage with the
+    /// [`RocksLayout`] installed (every rate unlimited).
+    pub fn stage(mut self, stage: Arc<Stage>) -> Self {
+        self.stage = Some(stage);
+        self
+    }
+
+    /// An emulated device below the stage. Default: none.
+    pub fn device(mut self, device: Arc<Device>) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// The instance id this DB's requests carry (for stages shared by
+    /// several DBs). Default: 0.
+    pub fn instance(mut self, instance: InstanceId) -> Self {
+        self.instance = instance;
+        self
+    }
+
+    /// A column family to open (all existing ones must be listed, as with
+    /// `DB::open_cf_descriptors`; `default` may be omitted).
+    pub fn column_family(mut self, name: impl Into<String>, options: rocksdb::Options) -> Self {
+        self.column_families.push((name.into(), options));
+        self
+    }
+
+    /// Opens the DB.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<StagedDb> {
+        let path = path.as_ref().to_path_buf();
+        let stage = match self.stage {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(Stage::new(path.display().to_string()));
+                RocksLayout::new().install(&s)?;
+                s
+            }
+        };
+        let io = DbIo::new(stage, self.instance, self.device);
+        let mut options = self.options.clone();
+        let env = staged_env(&io);
+        options.set_env(&env);
+        add_listener(&mut options, &io);
+        let db = if self.column_families.is_empty() {
+            DB::open(&options, &path)?
+        } else {
+            let cfs = self.column_families.into_iter().map(|(name, o)| ColumnFamilyDescriptor::new(name, o));
+            DB::open_cf_descriptors(&options, &path, cfs)?
+        };
+        Ok(StagedDb { db: Some(db), _options: options, _env: env, io, path })
+    }
+}
+
+/// A RocksDB `DB` whose every file-system request goes through a stage.
+///
+/// Derefs to [`rocksdb::DB`], so the whole rocksdb API is available. While
+/// the DB closes (on drop), requests are still counted but no longer held by
+/// the stage, so closing never waits on a throttled limiter.
+pub struct StagedDb {
+    // Dropped first: the DB closes before its options, Env and handle go.
+    db: Option<DB>,
+    _options: rocksdb::Options,
+    _env: rocksdb::Env,
+    io: Arc<DbIo>,
+    path: PathBuf,
+}
+
+impl StagedDb {
+    /// Starts building.
+    pub fn builder(options: rocksdb::Options) -> StagedDbBuilder {
+        StagedDbBuilder::new(options)
+    }
+
+    /// Opens with a fresh stage holding the [`RocksLayout`].
+    pub fn open(options: rocksdb::Options, path: impl AsRef<Path>) -> Result<StagedDb> {
+        StagedDbBuilder::new(options).open(path)
+    }
+
+    /// The DB.
+    pub fn db(&self) -> &DB {
+        self.db.as_ref().expect("the DB is open until drop")
+    }
+
+    /// The stage this DB enforces through.
+    pub fn stage(&self) -> &Arc<Stage> {
+        self.io.stage()
+    }
+
+    /// The instance id its requests carry.
+    pub fn instance(&self) -> InstanceId {
+        self.io.instance()
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes and requests per file kind that went through the wrapper.
+    pub fn io_stats(&self) -> IoStats {
+        self.io.io_stats()
+    }
+
+    /// Flushes and compactions as the event listener reported them.
+    pub fn jobs(&self) -> JobStats {
+        self.io.job_stats()
+    }
+
+    /// The emulated device's statistics, when there is one.
+    pub fn device_stats(&self) -> Option<DeviceStats> {
+        self.io.device().map(|d| d.stats())
+    }
+
+    /// Requests the stage refused (each became an I/O error in RocksDB).
+    pub fn refused_requests(&self) -> u64 {
+        self.io.refused()
+    }
+}
+
+impl Deref for StagedDb {
+    type Target = DB;
+    fn deref(&self) -> &DB {
+        self.db()
+    }
+}
+
+impl Drop for StagedDb {
+    fn drop(&mut self) {
+        self.io.set_closing();
+        drop(self.db.take());
+    }
+}
+
+fn to_io(e: rocksdb::Error) -> io::Error {
+    io::Error::other(e)
+}
+
+impl KvStore for StagedDb {
+    fn put(&self, key: &[u8], value: &[u8]) -> io::Result<()> {
+        self.db().put(key, value).map_err(to_io)
+    }
+
+    fn get(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        self.db().get(key).map_err(to_io)
+    }
+
+    fn delete(&self, key: &[u8]) -> io::Result<()> {
+        self.db().delete(key).map_err(to_io)
+    }
+
+    fn scan(&self, start: &[u8], limit: usize, visit: &mut dyn FnMut(&[u8], &[u8])) -> io::Result<usize> {
+        let mut n = 0;
+        for item in self.db().iterator(IteratorMode::From(start, rocksdb::Direction::Forward)).take(limit) {
+            let (k, v) = item.map_err(to_io)?;
+            visit(&k, &v);
+            n += 1;
+        }
+        Ok(n)
+    }
+}
