@@ -19,6 +19,12 @@ use crate::error::{Error, Result};
 /// How much transfer time the device can bank while idle.
 const BURST: Duration = Duration::from_millis(1);
 
+/// Largest piece the device transfers at once. A large request (a 2 MiB
+/// compaction read) is queued piece by piece, so a small request that
+/// arrives meanwhile waits behind one piece, not the whole transfer, as on a
+/// device that serves several queued requests in parallel.
+pub const DEVICE_CHUNK: u64 = 64 * 1024;
+
 /// Waiting caused by the emulated device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct DeviceStats {
@@ -82,12 +88,19 @@ impl Device {
         Ok(())
     }
 
-    /// Waits for the transfer of a read or write; other requests are free.
+    /// Waits for the transfer of a read or write, in pieces of at most
+    /// [`DEVICE_CHUNK`] bytes; other requests are free.
     pub(crate) fn charge(&self, ctx: &Context) {
-        if matches!(ctx.request_type, RequestType::Read | RequestType::Write) && ctx.size > 0 {
+        if !matches!(ctx.request_type, RequestType::Read | RequestType::Write) {
+            return;
+        }
+        let mut left = ctx.size;
+        while left > 0 {
+            let piece = left.min(DEVICE_CHUNK);
             // The device's bucket is never shut down or closed, so it admits
-            // every request after its transfer time.
-            let _ = self.drl.enforce(ctx);
+            // every piece after its transfer time.
+            let _ = self.drl.enforce(&Context { size: piece, ..*ctx });
+            left -= piece;
         }
     }
 

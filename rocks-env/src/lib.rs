@@ -57,7 +57,7 @@ mod io;
 mod layout;
 
 pub use db::{StagedDb, StagedDbBuilder};
-pub use device::{Device, DeviceStats};
+pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};
 pub use error::{Error, Result};
 pub use io::{FileIo, FileKind, IoStats, JobClassStats, JobStats, OpsBytes};

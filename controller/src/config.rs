@@ -1,0 +1,274 @@
+//! Controller configuration, in TOML with human units.
+//!
+//! ```toml
+//! policy = "silk"            # silk | max_min | proportional | static
+//! interval = "10ms"          # default: 10ms for silk, 1s for the others
+//! log = "decisions.jsonl"    # optional: every cycle as a JSON line
+//!
+//! [silk]
+//! kvs_bandwidth = "200MiB/s" # KVS_B: what the KV store may use in total
+//! min_bandwidth = "10MiB/s"  # min_B: floor of every background flow
+//! hysteresis = "10MiB/s"     # skip rate changes smaller than this
+//!
+//! [fair_share]               # for max_min, proportional and static
+//! device_bandwidth = "1GiB/s"
+//! [[fair_share.instance]]
+//! name = "tf1"               # bound to a stage when the controller starts
+//! demand = "256MiB/s"        # what the instance asks for ("unlimited": all it can get)
+//! channel = "reads"          # the DRL that enforces the instance's rate
+//! object = "drl"
+//! ```
+//!
+//! Every value is checked when the controller starts; an invalid one is an
+//! error naming its key (`silk.min_bandwidth`, `fair_share.instance[2].demand`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kv_stage::units::{Rate, RateUnit};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Which policy the controller runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// SILK's scheduling for LSM key-value stores (Paio Algorithm 1).
+    Silk,
+    /// Max-min fair share over instances (Paio Algorithm 2), work-conserving.
+    MaxMin,
+    /// Demands first, then leftover in proportion to demand.
+    Proportional,
+    /// Each instance at its demand, never redistributed (blkio-style).
+    Static,
+}
+
+/// SILK's parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SilkConfig {
+    /// `KVS_B`: the bandwidth the key-value store may use in total.
+    #[serde(default = "SilkConfig::default_kvs")]
+    pub kvs_bandwidth: Rate,
+    /// `min_B`: the floor every background flow keeps.
+    #[serde(default = "SilkConfig::default_min")]
+    pub min_bandwidth: Rate,
+    /// Rate changes smaller than this are skipped.
+    #[serde(default = "SilkConfig::default_hysteresis")]
+    pub hysteresis: Rate,
+}
+
+impl SilkConfig {
+    fn default_kvs() -> Rate {
+        Rate::bytes_per_sec(200.0 * 1048576.0).expect("constant")
+    }
+    fn default_min() -> Rate {
+        Rate::bytes_per_sec(10.0 * 1048576.0).expect("constant")
+    }
+    fn default_hysteresis() -> Rate {
+        Rate::bytes_per_sec(10.0 * 1048576.0).expect("constant")
+    }
+}
+
+impl Default for SilkConfig {
+    /// SILK's prototype values: `KVS_B` 200 MiB/s, `min_B` 10 MiB/s,
+    /// changes under 10 MiB/s skipped.
+    fn default() -> Self {
+        SilkConfig {
+            kvs_bandwidth: Self::default_kvs(),
+            min_bandwidth: Self::default_min(),
+            hysteresis: Self::default_hysteresis(),
+        }
+    }
+}
+
+/// One instance of a fair-share policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// Name the instance is bound by when the controller starts.
+    pub name: String,
+    /// What it asks for (bytes/s); `"unlimited"` asks for all it can get.
+    pub demand: Rate,
+    /// Channel of the DRL that enforces the instance's rate.
+    pub channel: String,
+    /// That DRL's object id.
+    pub object: String,
+}
+
+/// Parameters of the fair-share policies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairShareConfig {
+    /// `Max_B`: the device's bandwidth.
+    pub device_bandwidth: Rate,
+    /// The instances (more can join at run time).
+    #[serde(default, rename = "instance")]
+    pub instances: Vec<InstanceConfig>,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// The policy.
+    pub policy: PolicyKind,
+    /// Time between cycles (default 10 ms for SILK, 1 s otherwise).
+    #[serde(default, with = "kv_stage::units::opt_duration_str", skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    /// Where to append the decision log as JSON lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<PathBuf>,
+    /// SILK's parameters (used when `policy = "silk"`).
+    #[serde(default)]
+    pub silk: SilkConfig,
+    /// Fair-share parameters (required for the other policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share: Option<FairShareConfig>,
+}
+
+fn positive_bytes(key: &str, r: Rate) -> Result<f64> {
+    if r.unit() != RateUnit::Bytes {
+        return Err(Error::config(key, format!("must be a bandwidth in bytes per second, not {r}")));
+    }
+    if r.is_unlimited() {
+        return Err(Error::config(key, "must be finite"));
+    }
+    if r.per_sec() <= 0.0 {
+        return Err(Error::config(key, format!("must be greater than zero, not {r}")));
+    }
+    Ok(r.per_sec())
+}
+
+impl ControllerConfig {
+    /// A SILK configuration with the given parameters.
+    pub fn silk(silk: SilkConfig) -> Self {
+        ControllerConfig { policy: PolicyKind::Silk, interval: None, log: None, silk, fair_share: None }
+    }
+
+    /// A fair-share configuration.
+    pub fn fair_share(policy: PolicyKind, fair_share: FairShareConfig) -> Self {
+        ControllerConfig {
+            policy,
+            interval: None,
+            log: None,
+            silk: SilkConfig::default(),
+            fair_share: Some(fair_share),
+        }
+    }
+
+    /// Parses TOML; errors name the key (`toml` reports line and column).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let c: ControllerConfig = toml::from_str(text).map_err(|e| Error::Config {
+            key: e.span().map(|s| format!("byte {}", s.start)).unwrap_or_else(|| "config".into()),
+            message: e.message().to_owned(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The interval in effect.
+    pub fn effective_interval(&self) -> Duration {
+        self.interval.unwrap_or(match self.policy {
+            PolicyKind::Silk => Duration::from_millis(10),
+            _ => Duration::from_secs(1),
+        })
+    }
+
+    /// Checks every value, naming the key of the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        if self.interval.is_some_and(|i| i.is_zero()) {
+            return Err(Error::config("interval", "must be greater than zero"));
+        }
+        match self.policy {
+            PolicyKind::Silk => {
+                let kvs = positive_bytes("silk.kvs_bandwidth", self.silk.kvs_bandwidth)?;
+                let min = positive_bytes("silk.min_bandwidth", self.silk.min_bandwidth)?;
+                if min > kvs {
+                    return Err(Error::config(
+                        "silk.min_bandwidth",
+                        format!("{} is above silk.kvs_bandwidth {}", self.silk.min_bandwidth, self.silk.kvs_bandwidth),
+                    ));
+                }
+                let h = self.silk.hysteresis;
+                if h.unit() != RateUnit::Bytes || h.is_unlimited() {
+                    return Err(Error::config("silk.hysteresis", "must be a finite bandwidth such as \"10MiB/s\""));
+                }
+            }
+            _ => {
+                let fs = self
+                    .fair_share
+                    .as_ref()
+                    .ok_or_else(|| Error::config("fair_share", "is required by this policy"))?;
+                positive_bytes("fair_share.device_bandwidth", fs.device_bandwidth)?;
+                let mut names = std::collections::HashSet::new();
+                for (i, inst) in fs.instances.iter().enumerate() {
+                    let key = |f: &str| format!("fair_share.instance[{i}].{f}");
+                    if inst.name.is_empty() {
+                        return Err(Error::config(&key("name"), "must not be empty"));
+                    }
+                    if !names.insert(inst.name.as_str()) {
+                        return Err(Error::config(&key("name"), format!("'{}' is used twice", inst.name)));
+                    }
+                    if inst.demand.unit() != RateUnit::Bytes {
+                        return Err(Error::config(&key("demand"), "must be a bandwidth in bytes per second"));
+                    }
+                    if !inst.demand.is_unlimited() && inst.demand.per_sec() <= 0.0 {
+                        return Err(Error::config(&key("demand"), "must be greater than zero"));
+                    }
+                    if inst.channel.is_empty() || inst.object.is_empty() {
+                        return Err(Error::config(&key("channel"), "channel and object must name the instance's DRL"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silk_config_parses_with_units() {
+        let c = ControllerConfig::from_toml(
+            "policy = \"silk\"\ninterval = \"20ms\"\n[silk]\nkvs_bandwidth = \"100MiB/s\"\nmin_bandwidth = \"5MiB/s\"\nhysteresis = \"1MiB/s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.effective_interval(), Duration::from_millis(20));
+        assert_eq!(c.silk.kvs_bandwidth.per_sec(), 100.0 * 1048576.0);
+        let d = ControllerConfig::from_toml("policy = \"silk\"\n").unwrap();
+        assert_eq!(d.effective_interval(), Duration::from_millis(10));
+        assert_eq!(d.silk, SilkConfig::default());
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        let cases = [
+            ("policy = \"silk\"\n[silk]\nkvs_bandwidth = 0\n", "silk.kvs_bandwidth"),
+            (
+                "policy = \"silk\"\n[silk]\nkvs_bandwidth = \"10MiB/s\"\nmin_bandwidth = \"20MiB/s\"\n",
+                "silk.min_bandwidth",
+            ),
+            ("policy = \"silk\"\ninterval = \"0ms\"\n", "interval"),
+            ("policy = \"max_min\"\n", "fair_share"),
+            ("policy = \"max_min\"\n[fair_share]\ndevice_bandwidth = \"unlimited\"\n", "fair_share.device_bandwidth"),
+            (
+                "policy = \"static\"\n[fair_share]\ndevice_bandwidth = \"1GiB/s\"\n[[fair_share.instance]]\nname = \"a\"\ndemand = 0\nchannel = \"c\"\nobject = \"o\"\n",
+                "fair_share.instance[0].demand",
+            ),
+            (
+                "policy = \"static\"\n[fair_share]\ndevice_bandwidth = \"1GiB/s\"\n[[fair_share.instance]]\nname = \"a\"\ndemand = 1\nchannel = \"c\"\nobject = \"o\"\n[[fair_share.instance]]\nname = \"a\"\ndemand = 1\nchannel = \"c\"\nobject = \"o\"\n",
+                "fair_share.instance[1].name",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = ControllerConfig::from_toml(text).unwrap_err();
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+        let e = ControllerConfig::from_toml("policy = \"silk\"\n[silk]\nkvs = 1\n").unwrap_err();
+        assert!(e.to_string().contains("kvs"), "{e}");
+    }
+}

@@ -1,0 +1,502 @@
+//! The control loop.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kv_stage::{ApplyReport, Collection, ObjectConfig, Rate, RequestContext, Rule, RuleSet, Stage, StageInfo};
+use serde::Serialize;
+
+use crate::config::{ControllerConfig, InstanceConfig, PolicyKind};
+use crate::error::{Error, Result};
+use crate::policy::{Decision, FairShare, FairShareMode, InstanceView, Observation, Policy, Silk};
+use crate::signals::{ProcIoRates, ProcIoSampler};
+
+/// How the controller reaches a stage: in-process now; a remote stage can
+/// implement this over a socket later.
+pub trait StageHandle: Send + Sync {
+    /// Monotonic counters (see [`Stage::collect`]).
+    fn collect(&self) -> Collection;
+    /// Layout and identity (see [`Stage::stage_info`]).
+    fn stage_info(&self) -> StageInfo;
+    /// Applies rules, all or nothing (see [`Stage::apply`]).
+    fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport>;
+}
+
+impl StageHandle for Stage {
+    fn collect(&self) -> Collection {
+        Stage::collect(self)
+    }
+    fn stage_info(&self) -> StageInfo {
+        Stage::stage_info(self)
+    }
+    fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
+        Stage::apply(self, rules)
+    }
+}
+
+/// No DRL is ever set below this (bytes/s): a policy asking for 0 or less
+/// gets this floor instead, so nothing is closed by the controller.
+pub const RATE_FLOOR: f64 = 1024.0;
+
+/// A rate the controller set (or failed to set) in a cycle.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AppliedSetting {
+    /// Instance name.
+    pub instance: String,
+    /// Channel.
+    pub channel: String,
+    /// Object.
+    pub object: String,
+    /// Bytes per second.
+    pub rate_bps: f64,
+    /// Why it was not applied, if it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Per-context rates of one instance in a cycle.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceInputs {
+    /// Instance name.
+    pub instance: String,
+    /// Bytes/s per request context with traffic.
+    pub context_bps: Vec<(String, f64)>,
+    /// Running jobs per request context that ever had one.
+    pub running_jobs: Vec<(String, u64)>,
+}
+
+/// One cycle of the control loop: what was observed, what was decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecisionRecord {
+    /// Cycle number.
+    pub cycle: u64,
+    /// Milliseconds since the controller started.
+    pub t_ms: f64,
+    /// Milliseconds since the previous cycle.
+    pub interval_ms: f64,
+    /// The policy.
+    pub policy: &'static str,
+    /// Per-instance inputs.
+    pub inputs: Vec<InstanceInputs>,
+    /// `/proc/self/io` rates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proc_io: Option<ProcIoRates>,
+    /// The policy's own notes (e.g. SILK's `left_B` and branch).
+    pub notes: serde_json::Value,
+    /// Rates set.
+    pub settings: Vec<AppliedSetting>,
+    /// The policy's error, when it failed (previous rates kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+struct Instance {
+    name: String,
+    handle: Arc<dyn StageHandle>,
+    previous: Option<Arc<Collection>>,
+}
+
+enum Change {
+    Join(InstanceConfig, Arc<dyn StageHandle>),
+    Leave(String),
+}
+
+struct Shared {
+    stop: Mutex<bool>,
+    wake: Condvar,
+    log: Mutex<Vec<DecisionRecord>>,
+    changes: Mutex<Vec<Change>>,
+    cycles: AtomicU64,
+    policy_errors: AtomicU64,
+}
+
+/// The policy a configuration names.
+fn policy_for(config: &ControllerConfig) -> Box<dyn Policy> {
+    match config.policy {
+        PolicyKind::Silk => Box::new(Silk::new(&config.silk)),
+        kind => {
+            let fs = config.fair_share.as_ref().expect("validated");
+            let mode = match kind {
+                PolicyKind::MaxMin => FairShareMode::MaxMin,
+                PolicyKind::Proportional => FairShareMode::Proportional,
+                _ => FairShareMode::Static,
+            };
+            Box::new(FairShare::new(mode, fs.device_bandwidth.per_sec(), fs.instances.clone()))
+        }
+    }
+}
+
+/// Builds and starts a [`Controller`].
+pub struct ControllerBuilder {
+    config: ControllerConfig,
+    instances: Vec<(String, Arc<dyn StageHandle>)>,
+    policy: Option<Box<dyn Policy>>,
+    proc_pid: Option<u32>,
+    max_log: usize,
+}
+
+impl ControllerBuilder {
+    /// Starts from a configuration.
+    pub fn new(config: ControllerConfig) -> Self {
+        ControllerBuilder { config, instances: Vec::new(), policy: None, proc_pid: None, max_log: 1_000_000 }
+    }
+
+    /// Binds an instance name to a stage. For fair-share policies every
+    /// configured instance must be bound, and only those.
+    pub fn instance(mut self, name: impl Into<String>, handle: Arc<dyn StageHandle>) -> Self {
+        self.instances.push((name.into(), handle));
+        self
+    }
+
+    /// Runs this policy instead of the configured one.
+    pub fn policy(mut self, policy: Box<dyn Policy>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Reads `/proc/<pid>/io` instead of `/proc/self/io`.
+    pub fn proc_pid(mut self, pid: u32) -> Self {
+        self.proc_pid = Some(pid);
+        self
+    }
+
+    /// Keeps at most this many cycles in memory (default 1 000 000).
+    pub fn max_log_records(mut self, n: usize) -> Self {
+        self.max_log = n;
+        self
+    }
+
+    /// Validates everything, then starts the loop on its own thread.
+    pub fn start(self) -> Result<Controller> {
+        self.config.validate()?;
+        let mut seen = std::collections::HashSet::new();
+        for (i, (name, _)) in self.instances.iter().enumerate() {
+            if !seen.insert(name.as_str()) {
+                return Err(Error::config(&format!("instance[{i}]"), format!("instance '{name}' is bound twice")));
+            }
+        }
+        if self.instances.is_empty() {
+            return Err(Error::config("instances", "bind at least one instance to a stage"));
+        }
+        if self.policy.is_none()
+            && let Some(fs) = &self.config.fair_share
+            && self.config.policy != PolicyKind::Silk
+        {
+            for (i, inst) in fs.instances.iter().enumerate() {
+                if !self.instances.iter().any(|(n, _)| n == &inst.name) {
+                    return Err(Error::config(
+                        &format!("fair_share.instance[{i}].name"),
+                        format!("instance '{}' is not bound to a stage", inst.name),
+                    ));
+                }
+            }
+            for (name, _) in &self.instances {
+                if !fs.instances.iter().any(|c| &c.name == name) {
+                    return Err(Error::config("fair_share.instance", format!("unknown instance '{name}'")));
+                }
+            }
+        }
+        let log_file = match &self.config.log {
+            Some(path) => {
+                Some(BufWriter::new(File::options().create(true).append(true).open(path).map_err(Error::Log)?))
+            }
+            None => None,
+        };
+        let policy = self.policy.unwrap_or_else(|| policy_for(&self.config));
+        let shared = Arc::new(Shared {
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            log: Mutex::new(Vec::new()),
+            changes: Mutex::new(Vec::new()),
+            cycles: AtomicU64::new(0),
+            policy_errors: AtomicU64::new(0),
+        });
+        let state = LoopState {
+            interval: self.config.effective_interval(),
+            instances: self
+                .instances
+                .into_iter()
+                .map(|(name, handle)| Instance { name, handle, previous: None })
+                .collect(),
+            policy,
+            current: HashMap::new(),
+            proc_io: ProcIoSampler::new(self.proc_pid),
+            log_file,
+            max_log: self.max_log,
+            started: Instant::now(),
+            last_cycle: None,
+            shared: Arc::clone(&shared),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("controller-{}", state.policy.name()))
+            .spawn(move || state.run())
+            .map_err(Error::Log)?;
+        Ok(Controller { thread: Some(thread), shared })
+    }
+}
+
+struct LoopState {
+    interval: Duration,
+    instances: Vec<Instance>,
+    policy: Box<dyn Policy>,
+    /// Rates applied last, per (instance name, channel, object).
+    current: HashMap<(String, String, String), f64>,
+    proc_io: ProcIoSampler,
+    log_file: Option<BufWriter<File>>,
+    max_log: usize,
+    started: Instant,
+    last_cycle: Option<Instant>,
+    shared: Arc<Shared>,
+}
+
+impl LoopState {
+    fn run(mut self) {
+        let mut next = Instant::now();
+        loop {
+            {
+                let mut stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if *stop {
+                        if let Some(f) = &mut self.log_file {
+                            let _ = f.flush();
+                        }
+                        return;
+                    }
+                    let now = Instant::now();
+                    if now >= next {
+                        break;
+                    }
+                    stop = self.shared.wake.wait_timeout(stop, next - now).unwrap_or_else(|e| e.into_inner()).0;
+                }
+            }
+            self.cycle();
+            next += self.interval;
+            // After a long stall, do not run a burst of catch-up cycles.
+            let now = Instant::now();
+            if next < now {
+                next = now;
+            }
+        }
+    }
+
+    fn apply_changes(&mut self) {
+        let changes: Vec<Change> = std::mem::take(&mut *self.shared.changes.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in changes {
+            match c {
+                Change::Join(cfg, handle) => {
+                    self.instances.retain(|i| i.name != cfg.name);
+                    self.instances.push(Instance { name: cfg.name.clone(), handle, previous: None });
+                    self.policy.instance_joined(&cfg);
+                }
+                Change::Leave(name) => {
+                    self.instances.retain(|i| i.name != name);
+                    self.current.retain(|k, _| k.0 != name);
+                    self.policy.instance_left(&name);
+                }
+            }
+        }
+    }
+
+    fn cycle(&mut self) {
+        self.apply_changes();
+        let now = Instant::now();
+        let interval = self.last_cycle.map_or(Duration::ZERO, |t| now - t);
+        self.last_cycle = Some(now);
+        let cycle = self.shared.cycles.load(Ordering::Relaxed);
+
+        let mut views = Vec::with_capacity(self.instances.len());
+        let mut inputs = Vec::with_capacity(self.instances.len());
+        for inst in &mut self.instances {
+            let collection = Arc::new(inst.handle.collect());
+            let info = Arc::new(inst.handle.stage_info());
+            let previous = inst.previous.replace(Arc::clone(&collection));
+            let (rates, jobs_begun) = match &previous {
+                Some(p) => {
+                    let begun = collection
+                        .jobs
+                        .iter()
+                        .map(|j| (j.context, j.begun.saturating_sub(p.jobs(j.context).begun)))
+                        .collect();
+                    (collection.rates_since(p), begun)
+                }
+                None => (collection.rates_since(&collection), HashMap::new()),
+            };
+            inputs.push(InstanceInputs {
+                instance: inst.name.clone(),
+                context_bps: rates.contexts.iter().map(|(c, r)| (c.name().to_owned(), r.bytes_per_sec)).collect(),
+                running_jobs: collection.jobs.iter().map(|j| (j.context.name().to_owned(), j.running)).collect(),
+            });
+            views.push(InstanceView { name: inst.name.clone(), info, rates, collection, jobs_begun });
+        }
+        let index: HashMap<&str, usize> =
+            self.instances.iter().enumerate().map(|(i, x)| (x.name.as_str(), i)).collect();
+        let current = self
+            .current
+            .iter()
+            .filter_map(|((n, c, o), r)| index.get(n.as_str()).map(|&i| ((i, c.clone(), o.clone()), *r)))
+            .collect();
+        let obs = Observation {
+            cycle,
+            elapsed: now - self.started,
+            interval,
+            instances: views,
+            proc_io: self.proc_io.sample(),
+            current,
+        };
+
+        let policy = &mut self.policy;
+        let outcome = match catch_unwind(AssertUnwindSafe(|| policy.decide(&obs))) {
+            Ok(Ok(d)) => Ok(d),
+            Ok(Err(e)) => Err(e),
+            Err(p) => Err(format!(
+                "panicked: {}",
+                p.downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("?")
+            )),
+        };
+        let mut record = DecisionRecord {
+            cycle,
+            t_ms: obs.elapsed.as_secs_f64() * 1e3,
+            interval_ms: interval.as_secs_f64() * 1e3,
+            policy: self.policy.name(),
+            inputs,
+            proc_io: obs.proc_io,
+            notes: serde_json::Value::Null,
+            settings: Vec::new(),
+            error: None,
+        };
+        match outcome {
+            Err(e) => {
+                // Keep the rates applied last: nothing is changed.
+                self.shared.policy_errors.fetch_add(1, Ordering::Relaxed);
+                record.error = Some(e);
+            }
+            Ok(decision) => self.apply(decision, &mut record),
+        }
+        self.shared.cycles.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = &mut self.log_file
+            && let Ok(line) = serde_json::to_string(&record)
+        {
+            let _ = writeln!(f, "{line}");
+            let _ = f.flush();
+        }
+        let mut log = self.shared.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() >= self.max_log {
+            let excess = log.len() + 1 - self.max_log;
+            log.drain(..excess);
+        }
+        log.push(record);
+    }
+
+    fn apply(&mut self, decision: Decision, record: &mut DecisionRecord) {
+        record.notes = decision.notes;
+        // One batch per instance, so an instance's rules apply together.
+        let mut per_instance: Vec<Vec<(String, String, f64)>> = vec![Vec::new(); self.instances.len()];
+        for s in decision.settings {
+            let rate = if s.rate.is_finite() { s.rate.max(RATE_FLOOR) } else { s.rate };
+            if let Some(list) = per_instance.get_mut(s.instance) {
+                list.push((s.channel, s.object, rate));
+            }
+        }
+        for (inst, list) in self.instances.iter().zip(per_instance) {
+            if list.is_empty() {
+                continue;
+            }
+            let rules = RuleSet::from_rules(list.iter().map(|(c, o, r)| {
+                let rate = if r.is_finite() { Rate::bytes_per_sec(*r) } else { Ok(Rate::UNLIMITED) };
+                Rule::configure(c, o, ObjectConfig::rate(rate.unwrap_or(Rate::UNLIMITED)))
+            }));
+            let error = inst.handle.apply(&rules).err().map(|e| e.to_string());
+            for (channel, object, rate) in list {
+                if error.is_none() {
+                    self.current.insert((inst.name.clone(), channel.clone(), object.clone()), rate);
+                }
+                record.settings.push(AppliedSetting {
+                    instance: inst.name.clone(),
+                    channel,
+                    object,
+                    rate_bps: rate,
+                    error: error.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// A running control loop. Stops (and joins its thread) when dropped.
+pub struct Controller {
+    thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").field("cycles", &self.cycles()).finish_non_exhaustive()
+    }
+}
+
+impl Controller {
+    /// Starts building.
+    pub fn builder(config: ControllerConfig) -> ControllerBuilder {
+        ControllerBuilder::new(config)
+    }
+
+    /// Cycles run so far.
+    pub fn cycles(&self) -> u64 {
+        self.shared.cycles.load(Ordering::Relaxed)
+    }
+
+    /// Cycles in which the policy failed (its previous rates were kept).
+    pub fn policy_errors(&self) -> u64 {
+        self.shared.policy_errors.load(Ordering::Relaxed)
+    }
+
+    /// The decision log so far.
+    pub fn log(&self) -> Vec<DecisionRecord> {
+        self.shared.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// An instance joins (fair-share policies start sharing with it at the
+    /// next cycle).
+    pub fn join(&self, config: InstanceConfig, handle: Arc<dyn StageHandle>) {
+        self.shared.changes.lock().unwrap_or_else(|e| e.into_inner()).push(Change::Join(config, handle));
+    }
+
+    /// An instance leaves; its share is redistributed at the next cycle.
+    pub fn leave(&self, name: &str) {
+        self.shared.changes.lock().unwrap_or_else(|e| e.into_inner()).push(Change::Leave(name.to_owned()));
+    }
+
+    /// Stops the loop and returns the decision log. Rates stay as last set.
+    pub fn stop(mut self) -> Vec<DecisionRecord> {
+        self.shutdown();
+        self.log()
+    }
+
+    fn shutdown(&mut self) {
+        *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Rates of a request context in a record's inputs (0 when absent).
+pub fn context_rate(inputs: &InstanceInputs, ctx: RequestContext) -> f64 {
+    inputs.context_bps.iter().find(|(c, _)| c == ctx.name()).map_or(0.0, |(_, r)| *r)
+}

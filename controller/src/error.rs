@@ -1,0 +1,35 @@
+//! Errors of the controller.
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value is invalid.
+    #[error("config key `{key}`: {message}")]
+    Config {
+        /// The key (`silk.min_bandwidth`, `fair_share.instance[1].demand`).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A policy failed in a cycle.
+    #[error("policy {policy}: {message}")]
+    Policy {
+        /// The policy's name.
+        policy: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// Writing the decision log failed.
+    #[error("decision log: {0}")]
+    Log(#[from] std::io::Error),
+}
+
+impl Error {
+    pub(crate) fn config(key: &str, message: impl Into<String>) -> Self {
+        Error::Config { key: key.to_owned(), message: message.into() }
+    }
+}

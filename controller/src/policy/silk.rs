@@ -1,0 +1,196 @@
+//! SILK's I/O scheduling as a policy (Paio Algorithm 1).
+//!
+//! Each cycle, per instance: `Fg` is the foreground bandwidth the stage
+//! measured; `left_B = max(KVS_B - Fg, min_B)`. If flushes and L0
+//! compactions both run, each gets `left_B / 2` and LN compactions `min_B`;
+//! if only one runs, it gets `left_B` and the others `min_B`; if neither,
+//! LN compactions get `left_B` and the others `min_B`. Flush objects get
+//! `B_Fl`, L0 objects `B_L0`, and `B_LN` is split across all LN objects.
+//! Objects are found from the stage's layout by the contexts their routes
+//! cover (DRLs only), not by ids. Changes smaller than the hysteresis are
+//! skipped.
+
+use kv_stage::RequestContext as C;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{Decision, Observation, Policy, Setting};
+use crate::config::SilkConfig;
+
+/// Which branch of Algorithm 1 a cycle took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SilkBranch {
+    /// Flushes and L0 compactions both run: they split `left_B`.
+    FlushAndL0,
+    /// Only flushes run: they get `left_B`.
+    FlushOnly,
+    /// Only L0 compactions run: they get `left_B`.
+    L0Only,
+    /// Neither runs: LN compactions get `left_B`.
+    Neither,
+}
+
+/// The inputs and outputs of one SILK decision, for one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SilkInputs {
+    /// Foreground bandwidth (bytes/s).
+    pub fg: f64,
+    /// A flush runs (or ran since the last cycle).
+    pub flush_active: bool,
+    /// An L0 compaction runs (or ran since the last cycle).
+    pub l0_active: bool,
+    /// `left_B`.
+    pub left: f64,
+    /// The branch taken.
+    pub branch: SilkBranch,
+    /// `B_Fl`.
+    pub b_flush: f64,
+    /// `B_L0`.
+    pub b_l0: f64,
+    /// `B_LN` (before splitting across LN objects).
+    pub b_ln: f64,
+}
+
+/// The SILK policy.
+#[derive(Debug, Clone)]
+pub struct Silk {
+    kvs: f64,
+    min: f64,
+    hysteresis: f64,
+}
+
+impl Silk {
+    /// A SILK policy with validated parameters (see
+    /// [`ControllerConfig::validate`](crate::ControllerConfig::validate)).
+    pub fn new(config: &SilkConfig) -> Self {
+        Silk {
+            kvs: config.kvs_bandwidth.per_sec(),
+            min: config.min_bandwidth.per_sec(),
+            hysteresis: config.hysteresis.per_sec(),
+        }
+    }
+
+    /// Algorithm 1 for one instance.
+    pub fn compute(&self, fg: f64, flush_active: bool, l0_active: bool) -> SilkInputs {
+        let left = (self.kvs - fg).max(self.min);
+        let (branch, b_flush, b_l0, b_ln) = match (flush_active, l0_active) {
+            (true, true) => (SilkBranch::FlushAndL0, left / 2.0, left / 2.0, self.min),
+            (true, false) => (SilkBranch::FlushOnly, left, self.min, self.min),
+            (false, true) => (SilkBranch::L0Only, self.min, left, self.min),
+            (false, false) => (SilkBranch::Neither, self.min, self.min, left),
+        };
+        SilkInputs { fg, flush_active, l0_active, left, branch, b_flush, b_l0, b_ln }
+    }
+}
+
+impl Policy for Silk {
+    fn name(&self) -> &'static str {
+        "silk"
+    }
+
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, String> {
+        let mut settings = Vec::new();
+        let mut notes = Vec::new();
+        for (i, v) in obs.instances.iter().enumerate() {
+            let fg = v.rates.context(C::FOREGROUND).bytes_per_sec;
+            let s = self.compute(fg, v.job_active(C::BG_FLUSH), v.job_active(C::BG_COMPACTION_L0_L1));
+            let drls = |ctx: C| -> Vec<(String, String)> {
+                v.info
+                    .objects_for_context(ctx)
+                    .into_iter()
+                    .filter(|(c, o)| {
+                        v.info
+                            .channels
+                            .iter()
+                            .find(|ch| &ch.id == c)
+                            .and_then(|ch| ch.objects.iter().find(|x| &x.id == o))
+                            .is_some_and(|x| x.kind == "drl")
+                    })
+                    .collect()
+            };
+            let (flush, l0, ln) = (drls(C::BG_FLUSH), drls(C::BG_COMPACTION_L0_L1), drls(C::BG_COMPACTION_LN));
+            let mut push = |objs: &[(String, String)], rate: f64| {
+                for (channel, object) in objs {
+                    let skip = obs
+                        .current_rate(i, channel, object)
+                        .is_some_and(|cur| (cur - rate).abs() < self.hysteresis && cur.is_finite());
+                    if !skip {
+                        settings.push(Setting { instance: i, channel: channel.clone(), object: object.clone(), rate });
+                    }
+                }
+            };
+            push(&flush, s.b_flush);
+            push(&l0, s.b_l0);
+            if !ln.is_empty() {
+                push(&ln, s.b_ln / ln.len() as f64);
+            }
+            notes.push(json!({
+                "instance": v.name,
+                "fg_bps": s.fg,
+                "flush_bps": v.rates.context(C::BG_FLUSH).bytes_per_sec,
+                "l0_bps": v.rates.context(C::BG_COMPACTION_L0_L1).bytes_per_sec,
+                "ln_bps": v.rates.context(C::BG_COMPACTION_LN).bytes_per_sec + v.rates.context(C::BG_COMPACTION).bytes_per_sec,
+                "running": {
+                    "flush": v.jobs(C::BG_FLUSH).running,
+                    "l0": v.jobs(C::BG_COMPACTION_L0_L1).running,
+                    "ln": v.jobs(C::BG_COMPACTION_LN).running,
+                },
+                "flush_active": s.flush_active,
+                "l0_active": s.l0_active,
+                "left_bps": s.left,
+                "branch": s.branch,
+                "b_flush_bps": s.b_flush,
+                "b_l0_bps": s.b_l0,
+                "b_ln_bps": s.b_ln,
+                "ln_objects": ln.len(),
+            }));
+        }
+        Ok(Decision { settings, notes: serde_json::Value::Array(notes) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv_stage::units::Rate;
+
+    const MIB: f64 = 1048576.0;
+
+    fn silk() -> Silk {
+        Silk::new(&SilkConfig {
+            kvs_bandwidth: Rate::bytes_per_sec(200.0 * MIB).unwrap(),
+            min_bandwidth: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+            hysteresis: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+        })
+    }
+
+    /// Every branch of Algorithm 1, and the floor of `left_B`.
+    #[test]
+    fn algorithm_1_table() {
+        struct Case {
+            fg: f64,
+            flush: bool,
+            l0: bool,
+            branch: SilkBranch,
+            b: (f64, f64, f64),
+        }
+        let cases = [
+            // Clients use 50: left = 150.
+            Case { fg: 50.0, flush: true, l0: true, branch: SilkBranch::FlushAndL0, b: (75.0, 75.0, 10.0) },
+            Case { fg: 50.0, flush: true, l0: false, branch: SilkBranch::FlushOnly, b: (150.0, 10.0, 10.0) },
+            Case { fg: 50.0, flush: false, l0: true, branch: SilkBranch::L0Only, b: (10.0, 150.0, 10.0) },
+            Case { fg: 50.0, flush: false, l0: false, branch: SilkBranch::Neither, b: (10.0, 10.0, 150.0) },
+            // Clients use everything (or more): left is the floor min_B.
+            Case { fg: 250.0, flush: false, l0: false, branch: SilkBranch::Neither, b: (10.0, 10.0, 10.0) },
+            Case { fg: 195.0, flush: true, l0: true, branch: SilkBranch::FlushAndL0, b: (5.0, 5.0, 10.0) },
+            // Idle clients: all of KVS_B is left.
+            Case { fg: 0.0, flush: true, l0: false, branch: SilkBranch::FlushOnly, b: (200.0, 10.0, 10.0) },
+        ];
+        for c in cases {
+            let s = silk().compute(c.fg * MIB, c.flush, c.l0);
+            assert_eq!(s.branch, c.branch, "fg {}", c.fg);
+            assert_eq!((s.b_flush / MIB, s.b_l0 / MIB, s.b_ln / MIB), c.b, "fg {} {:?}", c.fg, c.branch);
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The loop itself: a failing or panicking policy keeps the previous rates
+//! and the loop goes on; instances join and leave; stop is clean; bad
+//! bindings are refused at start.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use controller::{
+    Controller, ControllerConfig, Decision, FairShareConfig, InstanceConfig, Observation, Policy, PolicyKind, Setting,
+    SilkConfig,
+};
+use kv_stage::{DrlSpec, ObjectSpec, Rate, Rule, Stage};
+
+fn stage_with_drl(name: &str) -> Arc<Stage> {
+    let stage = Arc::new(Stage::new(name));
+    stage
+        .apply_rules([
+            Rule::CreateChannel { channel: "io".into(), matches: None },
+            Rule::CreateObject {
+                channel: "io".into(),
+                object: "drl".into(),
+                spec: ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED)),
+                matches: None,
+            },
+        ])
+        .unwrap();
+    stage
+}
+
+fn rate(stage: &Stage) -> f64 {
+    match stage.object("io", "drl").unwrap().spec() {
+        Some(ObjectSpec::Drl(d)) => d.rate.per_sec(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Sets 1000 B/s in cycle 0, then fails in odd cycles, panics in even ones,
+/// and asks for 0 (which the controller floors) from cycle 6 on.
+struct Flaky;
+
+impl Policy for Flaky {
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, String> {
+        let set = |rate| Decision {
+            settings: vec![Setting { instance: 0, channel: "io".into(), object: "drl".into(), rate }],
+            notes: serde_json::Value::Null,
+        };
+        match obs.cycle {
+            0 => Ok(set(5000.0)),
+            1 | 3 | 5 => Err("no data".into()),
+            2 | 4 => panic!("policy bug"),
+            _ => Ok(set(0.0)),
+        }
+    }
+}
+
+#[test]
+fn failing_policies_keep_the_last_rates_and_never_close_a_drl() {
+    let stage = stage_with_drl("flaky");
+    let mut cfg = ControllerConfig::silk(SilkConfig::default());
+    cfg.interval = Some(Duration::from_millis(5));
+    let ctl = Controller::builder(cfg).instance("s", stage.clone()).policy(Box::new(Flaky)).start().unwrap();
+    while ctl.cycles() < 6 {
+        std::thread::sleep(Duration::from_millis(5));
+        if ctl.cycles() == 3 {
+            assert_eq!(rate(&stage), 5000.0, "rates are kept while the policy fails");
+        }
+    }
+    while ctl.cycles() < 8 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(ctl.policy_errors() >= 5);
+    let log = ctl.stop();
+    assert!(log[2].error.as_deref().unwrap().contains("policy bug"));
+    assert!(log[1].error.as_deref().unwrap().contains("no data"));
+    assert_eq!(rate(&stage), controller::RATE_FLOOR, "a rate of 0 is floored, never closing the DRL");
+}
+
+#[test]
+fn fair_share_instances_join_and_leave() {
+    let a = stage_with_drl("a");
+    let b = stage_with_drl("b");
+    let c = stage_with_drl("c");
+    let inst = |n: &str| InstanceConfig {
+        name: n.into(),
+        demand: Rate::bytes_per_sec(100.0).unwrap(),
+        channel: "io".into(),
+        object: "drl".into(),
+    };
+    let mut cfg = ControllerConfig::fair_share(
+        PolicyKind::MaxMin,
+        FairShareConfig {
+            device_bandwidth: Rate::bytes_per_sec(1_000_000.0).unwrap(),
+            instances: vec![inst("a"), inst("b")],
+        },
+    );
+    cfg.interval = Some(Duration::from_millis(5));
+    let ctl = Controller::builder(cfg).instance("a", a.clone()).instance("b", b.clone()).start().unwrap();
+    let wait = |n: u64| {
+        let target = ctl.cycles() + n;
+        while ctl.cycles() < target {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    wait(3);
+    // Two idle instances asking for 100 B/s of 1 MB/s: each is offered half.
+    assert_eq!(rate(&a), 500_000.0);
+    ctl.join(inst("c"), c.clone());
+    wait(3);
+    assert!((rate(&c) - 1_000_000.0 / 3.0).abs() < 1.0, "{}", rate(&c));
+    ctl.leave("a");
+    wait(3);
+    assert_eq!(rate(&b), 500_000.0);
+    drop(ctl); // stops and joins
+}
+
+#[test]
+fn bad_bindings_are_refused_at_start() {
+    let a = stage_with_drl("a");
+    let inst = InstanceConfig {
+        name: "a".into(),
+        demand: Rate::bytes_per_sec(100.0).unwrap(),
+        channel: "io".into(),
+        object: "drl".into(),
+    };
+    let cfg = ControllerConfig::fair_share(
+        PolicyKind::Static,
+        FairShareConfig { device_bandwidth: Rate::bytes_per_sec(1e6).unwrap(), instances: vec![inst] },
+    );
+    let e = Controller::builder(cfg.clone()).instance("zzz", a.clone()).start().unwrap_err();
+    assert!(e.to_string().contains("fair_share.instance[0].name"), "{e}");
+    let e = Controller::builder(cfg.clone()).instance("a", a.clone()).instance("b", a.clone()).start().unwrap_err();
+    assert!(e.to_string().contains("unknown instance 'b'"), "{e}");
+    let e = Controller::builder(cfg).start().unwrap_err();
+    assert!(e.to_string().contains("instances"), "{e}");
+}
