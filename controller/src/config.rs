@@ -161,7 +161,7 @@ impl ControllerConfig {
     /// Parses TOML; errors name the key (`toml` reports line and column).
     pub fn from_toml(text: &str) -> Result<Self> {
         let c: ControllerConfig = toml::from_str(text).map_err(|e| Error::Config {
-            key: e.span().map(|s| format!("byte {}", s.start)).unwrap_or_else(|| "config".into()),
+            key: e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "config".into()),
             message: e.message().to_owned(),
         })?;
         c.validate()?;
@@ -227,6 +227,29 @@ impl ControllerConfig {
     }
 }
 
+/// Names the key at byte `at` of a TOML text as `table.key (line N)`, from
+/// the nearest table header above it and the `key =` on its line.
+fn key_at(text: &str, at: usize) -> String {
+    let at = at.min(text.len());
+    let line_no = text[..at].matches('\n').count() + 1;
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    let key = line.split_once('=').map(|(k, _)| k.trim().trim_matches('"').to_owned());
+    let name = match (table, key) {
+        (Some(t), Some(k)) if !line.trim_start().starts_with('[') => format!("{t}.{k}"),
+        (None, Some(k)) => k,
+        (Some(t), _) => t,
+        (None, None) => "config".to_owned(),
+    };
+    format!("{name} (line {line_no})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +265,19 @@ mod tests {
         let d = ControllerConfig::from_toml("policy = \"silk\"\n").unwrap();
         assert_eq!(d.effective_interval(), Duration::from_millis(10));
         assert_eq!(d.silk, SilkConfig::default());
+    }
+
+    #[test]
+    fn shipped_example_configs_parse() {
+        let silk = ControllerConfig::from_toml(include_str!("../examples/configs/silk.toml")).unwrap();
+        assert_eq!(silk.policy, PolicyKind::Silk);
+        assert_eq!(silk.silk, SilkConfig::default());
+        let fair = ControllerConfig::from_toml(include_str!("../examples/configs/fair_share.toml")).unwrap();
+        assert_eq!(fair.policy, PolicyKind::MaxMin);
+        assert_eq!(fair.effective_interval(), Duration::from_secs(1));
+        let fs = fair.fair_share.unwrap();
+        assert_eq!(fs.instances.len(), 3);
+        assert!(fs.instances[2].demand.is_unlimited());
     }
 
     #[test]
@@ -270,5 +306,10 @@ mod tests {
         }
         let e = ControllerConfig::from_toml("policy = \"silk\"\n[silk]\nkvs = 1\n").unwrap_err();
         assert!(e.to_string().contains("kvs"), "{e}");
+        // A value of the wrong form is reported at its key and line.
+        let e = ControllerConfig::from_toml("policy = \"silk\"\n[silk]\nmin_bandwidth = \"fast\"\n").unwrap_err();
+        assert!(e.to_string().contains("silk.min_bandwidth (line 3)"), "{e}");
+        let e = ControllerConfig::from_toml("policy = \"fastest\"\n").unwrap_err();
+        assert!(e.to_string().contains("policy (line 1)"), "{e}");
     }
 }

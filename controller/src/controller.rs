@@ -201,6 +201,38 @@ impl ControllerBuilder {
                     return Err(Error::config("fair_share.instance", format!("unknown instance '{name}'")));
                 }
             }
+            for (i, inst) in fs.instances.iter().enumerate() {
+                let Some((_, handle)) = self.instances.iter().find(|(n, _)| n == &inst.name) else { continue };
+                let info = handle.stage_info();
+                let object = info
+                    .channels
+                    .iter()
+                    .find(|c| c.id == inst.channel)
+                    .ok_or_else(|| {
+                        Error::config(
+                            &format!("fair_share.instance[{i}].channel"),
+                            format!("stage '{}' has no channel '{}'", info.name, inst.channel),
+                        )
+                    })?
+                    .objects
+                    .iter()
+                    .find(|o| o.id == inst.object)
+                    .ok_or_else(|| {
+                        Error::config(
+                            &format!("fair_share.instance[{i}].object"),
+                            format!(
+                                "channel '{}' of stage '{}' has no object '{}'",
+                                inst.channel, info.name, inst.object
+                            ),
+                        )
+                    })?;
+                if object.kind != "drl" {
+                    return Err(Error::config(
+                        &format!("fair_share.instance[{i}].object"),
+                        format!("'{}/{}' is a {}, not a drl", inst.channel, inst.object, object.kind),
+                    ));
+                }
+            }
         }
         let log_file = match &self.config.log {
             Some(path) => {

@@ -133,6 +133,29 @@ fn bad_bindings_are_refused_at_start() {
     assert!(e.to_string().contains("fair_share.instance[0].name"), "{e}");
     let e = Controller::builder(cfg.clone()).instance("a", a.clone()).instance("b", a.clone()).start().unwrap_err();
     assert!(e.to_string().contains("unknown instance 'b'"), "{e}");
-    let e = Controller::builder(cfg).start().unwrap_err();
+    let e = Controller::builder(cfg.clone()).start().unwrap_err();
     assert!(e.to_string().contains("instances"), "{e}");
+
+    // The instance's DRL must exist in its stage, and be a DRL.
+    let with = |channel: &str, object: &str| {
+        let mut c = cfg.clone();
+        let fs = c.fair_share.as_mut().unwrap();
+        fs.instances[0].channel = channel.into();
+        fs.instances[0].object = object.into();
+        c
+    };
+    let e = Controller::builder(with("disk", "drl")).instance("a", a.clone()).start().unwrap_err();
+    assert!(e.to_string().contains("fair_share.instance[0].channel") && e.to_string().contains("'disk'"), "{e}");
+    let e = Controller::builder(with("io", "limit")).instance("a", a.clone()).start().unwrap_err();
+    assert!(e.to_string().contains("fair_share.instance[0].object") && e.to_string().contains("'limit'"), "{e}");
+    a.apply_rules([Rule::CreateObject {
+        channel: "io".into(),
+        object: "count".into(),
+        spec: ObjectSpec::Noop,
+        matches: Some(kv_stage::Match::request_type(kv_stage::RequestType::Sync)),
+    }])
+    .unwrap();
+    let e = Controller::builder(with("io", "count")).instance("a", a.clone()).start().unwrap_err();
+    assert!(e.to_string().contains("not a drl"), "{e}");
+    Controller::builder(cfg).instance("a", a).start().unwrap().stop();
 }
