@@ -1,0 +1,416 @@
+//! Reports: YCSB-style summaries, the comparison table, `summary.json`, the
+//! per-second time series (CSV) and SVG plots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::runner::{OpStats, RunResult};
+
+/// Percentiles of one histogram, in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Samples.
+    pub operations: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Minimum.
+    pub min_us: u64,
+    /// Maximum.
+    pub max_us: u64,
+    /// Median.
+    pub p50_us: u64,
+    /// 95th percentile.
+    pub p95_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+}
+
+impl Latency {
+    /// From a histogram.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            operations: h.len(),
+            mean_us: h.mean(),
+            min_us: h.min(),
+            max_us: h.max(),
+            p50_us: h.value_at_quantile(0.5),
+            p95_us: h.value_at_quantile(0.95),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+        }
+    }
+}
+
+/// One operation type of a system.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpReport {
+    /// From the scheduled time.
+    pub intended: Latency,
+    /// From issue.
+    pub service: Latency,
+    /// Failed operations.
+    pub errors: u64,
+}
+
+impl OpReport {
+    fn of(s: &OpStats) -> Self {
+        OpReport { intended: Latency::of(&s.intended), service: Latency::of(&s.service), errors: s.errors }
+    }
+}
+
+/// One second of a system's run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecondReport {
+    /// Second since the start.
+    pub t: usize,
+    /// Operations completed in this second.
+    pub throughput_ops: u64,
+    /// Median latency, from the scheduled time, of the operations scheduled
+    /// in this second.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+}
+
+/// What one system did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemReport {
+    /// System name.
+    pub name: String,
+    /// Repeat number (from 1).
+    pub repeat: usize,
+    /// Wall time until the last completion, ms.
+    pub runtime_ms: u64,
+    /// Completed operations per second of wall time.
+    pub throughput_ops: f64,
+    /// Completed operations.
+    pub operations: u64,
+    /// Median latency over all operations, from the scheduled time, µs.
+    pub p50_us: u64,
+    /// 99th percentile, µs.
+    pub p99_us: u64,
+    /// 99.9th percentile, µs.
+    pub p999_us: u64,
+    /// Latency over all operations.
+    pub overall: OpReport,
+    /// Per operation type (YCSB labels).
+    pub per_op: BTreeMap<String, OpReport>,
+    /// Per second.
+    pub seconds: Vec<SecondReport>,
+    /// Requests never issued (past the drain limit).
+    pub dropped: u64,
+    /// Time RocksDB stalled writes (`rocksdb.stall.micros`), µs.
+    pub stall_us: u64,
+    /// Time requests waited for the emulated device, µs.
+    pub device_wait_us: u64,
+    /// Bytes per request context the stage counted.
+    pub context_bytes: BTreeMap<String, u64>,
+    /// Controller cycles run (paio-silk).
+    pub controller_cycles: u64,
+}
+
+impl SystemReport {
+    /// From a run.
+    pub fn new(name: &str, repeat: usize, r: &RunResult) -> Self {
+        let overall = OpReport::of(&r.overall);
+        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        SystemReport {
+            name: name.to_owned(),
+            repeat,
+            runtime_ms: r.elapsed.as_millis() as u64,
+            throughput_ops: r.ops as f64 / secs,
+            operations: r.ops,
+            p50_us: overall.intended.p50_us,
+            p99_us: overall.intended.p99_us,
+            p999_us: overall.intended.p999_us,
+            overall,
+            per_op: r.per_op.iter().map(|(op, s)| (op.label().to_owned(), OpReport::of(s))).collect(),
+            seconds: r
+                .seconds
+                .iter()
+                .enumerate()
+                // Past the schedule, only seconds in which late requests completed.
+                .take_while(|(t, s)| (*t as f64) < r.schedule_s || s.ops > 0)
+                .map(|(t, s)| {
+                    let l = Latency::of(&s.intended);
+                    SecondReport { t, throughput_ops: s.ops, p50_us: l.p50_us, p99_us: l.p99_us, p999_us: l.p999_us }
+                })
+                .collect(),
+            dropped: r.dropped,
+            stall_us: 0,
+            device_wait_us: 0,
+            context_bytes: BTreeMap::new(),
+            controller_cycles: 0,
+        }
+    }
+
+    /// YCSB's text summary.
+    pub fn ycsb_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "[OVERALL], RunTime(ms), {}", self.runtime_ms);
+        let _ = writeln!(s, "[OVERALL], Throughput(ops/sec), {:.1}", self.throughput_ops);
+        for (label, r) in &self.per_op {
+            for (prefix, l) in [(label.clone(), &r.service), (format!("Intended-{label}"), &r.intended)] {
+                let _ = writeln!(s, "[{prefix}], Operations, {}", l.operations);
+                let _ = writeln!(s, "[{prefix}], AverageLatency(us), {:.1}", l.mean_us);
+                let _ = writeln!(s, "[{prefix}], MinLatency(us), {}", l.min_us);
+                let _ = writeln!(s, "[{prefix}], MaxLatency(us), {}", l.max_us);
+                let _ = writeln!(s, "[{prefix}], 95thPercentileLatency(us), {}", l.p95_us);
+                let _ = writeln!(s, "[{prefix}], 99thPercentileLatency(us), {}", l.p99_us);
+                let _ = writeln!(s, "[{prefix}], 99.9thPercentileLatency(us), {}", l.p999_us);
+            }
+            let _ = writeln!(s, "[{label}], Return=OK, {}", r.service.operations - r.errors.min(r.service.operations));
+            if r.errors > 0 {
+                let _ = writeln!(s, "[{label}], Return=ERROR, {}", r.errors);
+            }
+        }
+        s
+    }
+}
+
+/// A whole benchmark: how it was run and what each system did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// Workload name.
+    pub workload: String,
+    /// The workload's properties.
+    pub workload_properties: serde_json::Value,
+    /// The load profile.
+    pub profile: String,
+    /// Client threads.
+    pub threads: usize,
+    /// Schedule length, s.
+    pub duration_s: f64,
+    /// Seed.
+    pub seed: u64,
+    /// Emulated device (always on in this benchmark).
+    pub device: String,
+    /// `KVS_B`.
+    pub kvs_bandwidth: String,
+    /// RocksDB options and system settings.
+    pub config: serde_json::Value,
+    /// Systems, in run order.
+    pub systems: Vec<SystemReport>,
+}
+
+/// Median of the systems' repeats, per system name.
+fn per_system(report: &BenchReport) -> Vec<(String, Vec<&SystemReport>)> {
+    let mut order: Vec<String> = Vec::new();
+    for s in &report.systems {
+        if !order.contains(&s.name) {
+            order.push(s.name.clone());
+        }
+    }
+    order.into_iter().map(|n| (n.clone(), report.systems.iter().filter(|s| s.name == n).collect())).collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The comparison table (medians over repeats; ratios to `rocksdb`).
+pub fn table(report: &BenchReport) -> String {
+    let groups = per_system(report);
+    let base = groups.iter().find(|g| g.0 == "rocksdb");
+    let m = |rs: &[&SystemReport], f: &dyn Fn(&SystemReport) -> f64| median(rs.iter().map(|r| f(r)).collect());
+    let base_tp = base.map(|b| m(&b.1, &|r| r.throughput_ops));
+    let base_p99 = base.map(|b| m(&b.1, &|r| r.p99_us as f64));
+    let ops: Vec<String> = {
+        let mut v: Vec<String> = report.systems.iter().flat_map(|s| s.per_op.keys().cloned()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "{:<18} {:>11} {:>7} {:>9} {:>9} {:>10} {:>8}",
+        "system", "ops/s", "x base", "p50 µs", "p99 µs", "p99.9 µs", "p99 x"
+    );
+    for op in &ops {
+        let _ = write!(s, " {:>12}", format!("{} p99", op.to_lowercase()));
+    }
+    let _ = writeln!(s, " {:>9}", "stall s");
+    for (name, rs) in &groups {
+        let tp = m(rs, &|r| r.throughput_ops);
+        let p99 = m(rs, &|r| r.p99_us as f64);
+        let _ = write!(
+            s,
+            "{:<18} {:>11.0} {:>7} {:>9.0} {:>9.0} {:>10.0} {:>8}",
+            name,
+            tp,
+            base_tp.map_or("-".into(), |b| format!("{:.3}", tp / b)),
+            m(rs, &|r| r.p50_us as f64),
+            p99,
+            m(rs, &|r| r.p999_us as f64),
+            base_p99.map_or("-".into(), |b| format!("{:.3}", p99 / b)),
+        );
+        for op in &ops {
+            let v = m(rs, &|r| r.per_op.get(op).map_or(f64::NAN, |o| o.intended.p99_us as f64));
+            let _ = write!(s, " {:>12.0}", v);
+        }
+        let _ = writeln!(s, " {:>9.1}", m(rs, &|r| r.stall_us as f64 / 1e6));
+    }
+    s
+}
+
+/// The per-second time series as CSV.
+pub fn timeseries_csv(report: &BenchReport) -> String {
+    let mut s = String::from("system,repeat,second,throughput_ops,p50_us,p99_us,p999_us\n");
+    for r in &report.systems {
+        for sec in &r.seconds {
+            let _ = writeln!(
+                s,
+                "{},{},{},{},{},{},{}",
+                r.name, r.repeat, sec.t, sec.throughput_ops, sec.p50_us, sec.p99_us, sec.p999_us
+            );
+        }
+    }
+    s
+}
+
+const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// An SVG line plot of one per-second metric for every system (first
+/// repeat of each). `log` plots the y axis on a log scale.
+pub fn svg_plot(
+    report: &BenchReport,
+    title: &str,
+    y_label: &str,
+    log: bool,
+    value: &dyn Fn(&SecondReport) -> f64,
+) -> String {
+    let (w, h, ml, mr, mt, mb) = (960.0, 420.0, 80.0, 190.0, 40.0, 50.0);
+    let series: Vec<(String, Vec<(f64, f64)>)> = per_system(report)
+        .into_iter()
+        .filter_map(|(name, rs)| {
+            let r = rs.first()?;
+            let pts = r.seconds.iter().map(|s| (s.t as f64, value(s))).filter(|p| p.1.is_finite()).collect();
+            Some((name, pts))
+        })
+        .collect();
+    let x_max = series.iter().flat_map(|s| s.1.iter().map(|p| p.0)).fold(1.0, f64::max);
+    let y_max_raw = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).fold(0.0, f64::max);
+    let tr = |v: f64| if log { v.max(1.0).log10() } else { v };
+    let y_max = if log { tr(y_max_raw).ceil().max(1.0) } else { (y_max_raw * 1.1).max(1.0) };
+    let y_min = 0.0;
+    let px = |x: f64| ml + (x / x_max) * (w - ml - mr);
+    let py = |y: f64| mt + (1.0 - (tr(y) - y_min) / (y_max - y_min)) * (h - mt - mb);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
+        (w - mr + ml) / 2.0,
+        escape(title)
+    );
+    // Axes and grid.
+    let _ = writeln!(s, r#"<line x1="{ml}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, h - mb, w - mr, h - mb);
+    let _ = writeln!(s, r#"<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{}" stroke="black"/>"#, h - mb);
+    let ticks: Vec<f64> = if log {
+        (0..=y_max as i32).map(|e| 10f64.powi(e)).collect()
+    } else {
+        (0..=5).map(|i| y_max * i as f64 / 5.0).collect()
+    };
+    for t in ticks {
+        let y = py(t);
+        let _ = writeln!(s, r##"<line x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/>"##, w - mr);
+        let label = if t >= 10_000.0 { format!("{:.0}k", t / 1000.0) } else { format!("{t:.0}") };
+        let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{label}</text>"#, ml - 6.0, y + 4.0);
+    }
+    let x_step = (x_max / 10.0).ceil().max(1.0);
+    let mut x = 0.0;
+    while x <= x_max {
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{}" text-anchor="middle">{x:.0}</text>"#, px(x), h - mb + 18.0);
+        x += x_step;
+    }
+    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">time (s)</text>"#, (w - mr + ml) / 2.0, h - 10.0);
+    let _ = writeln!(
+        s,
+        r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#,
+        (h - mb + mt) / 2.0,
+        (h - mb + mt) / 2.0,
+        escape(y_label)
+    );
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let path: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+        let _ =
+            writeln!(s, r#"<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{}"/>"#, path.join(" "));
+        let ly = mt + 10.0 + i as f64 * 20.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="3"/>"#,
+            w - mr + 15.0,
+            w - mr + 40.0
+        );
+        let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, w - mr + 46.0, ly + 4.0, escape(name));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Writes every output file into `dir`.
+pub fn write_all(report: &BenchReport, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let write = |name: &str, text: &str| {
+        std::fs::write(dir.join(name), text).map_err(Error::io(format!("writing {}", dir.join(name).display())))
+    };
+    write("summary.json", &serde_json::to_string_pretty(report).expect("report serializes"))?;
+    write("timeseries.csv", &timeseries_csv(report))?;
+    write("table.txt", &table(report))?;
+    for r in &report.systems {
+        write(&format!("ycsb-{}-{}.txt", r.name, r.repeat), &r.ycsb_text())?;
+    }
+    write(
+        "throughput.svg",
+        &svg_plot(report, &format!("{}: throughput per second", report.workload), "ops/s", false, &|s| {
+            s.throughput_ops as f64
+        }),
+    )?;
+    write(
+        "p99.svg",
+        &svg_plot(
+            report,
+            &format!("{}: p99 latency per second (from scheduled time)", report.workload),
+            "µs (log)",
+            true,
+            &|s| {
+                if s.throughput_ops == 0 { f64::NAN } else { s.p99_us as f64 }
+            },
+        ),
+    )?;
+    Ok(())
+}
+
+/// Reads `summary.json` from a result directory.
+pub fn read(dir: &Path) -> Result<BenchReport> {
+    let path = dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).map_err(Error::io(format!("reading {}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{}: {e}", path.display())))
+}

@@ -1,0 +1,281 @@
+//! Load and run phases.
+//!
+//! The run phase is **open loop**: every client has a schedule of arrival
+//! times from the load profile and issues each request at its time, or at
+//! once if it is late. Latency is measured from the *scheduled* time (so a
+//! stalled DB is charged for every request that waited, with no coordinated
+//! omission) and service time from when the request was issued; both go to
+//! HdrHistograms in microseconds with 3 significant digits, per operation
+//! type and per second of schedule.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rocksdb::DB;
+
+use crate::error::Result;
+use crate::generator::Rng;
+use crate::profile::{Profile, Schedule};
+use crate::workload::{Chosen, Op, OpChooser, RecordBuilder, Workload};
+
+const MAX_US: u64 = 600_000_000;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_US, 3).expect("valid histogram bounds")
+}
+
+/// Latencies of one operation type (or of all).
+#[derive(Debug, Clone)]
+pub struct OpStats {
+    /// From the scheduled time to completion, µs.
+    pub intended: Histogram<u64>,
+    /// From issue to completion, µs.
+    pub service: Histogram<u64>,
+    /// Operations that failed.
+    pub errors: u64,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats { intended: histogram(), service: histogram(), errors: 0 }
+    }
+}
+
+impl OpStats {
+    fn add(&mut self, other: &OpStats) {
+        let _ = self.intended.add(&other.intended);
+        let _ = self.service.add(&other.service);
+        self.errors += other.errors;
+    }
+}
+
+/// One second of a run.
+#[derive(Debug, Clone)]
+pub struct Second {
+    /// Operations that completed in this second (wall clock).
+    pub ops: u64,
+    /// Latencies (from the scheduled time, µs) of the operations scheduled
+    /// in this second.
+    pub intended: Histogram<u64>,
+}
+
+/// What a run phase measured.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Wall time from start to the last completion.
+    pub elapsed: Duration,
+    /// Completed operations.
+    pub ops: u64,
+    /// All operations together.
+    pub overall: OpStats,
+    /// Per operation type.
+    pub per_op: BTreeMap<Op, OpStats>,
+    /// Per second of schedule.
+    pub seconds: Vec<Second>,
+    /// Requests scheduled before the end but not issued within the drain
+    /// limit (counted, not measured).
+    pub dropped: u64,
+    /// Length of the schedule, s.
+    pub schedule_s: f64,
+}
+
+/// Parameters of a run phase.
+#[derive(Debug, Clone)]
+pub struct RunParams {
+    /// Client threads.
+    pub threads: usize,
+    /// Length of the schedule.
+    pub duration: Duration,
+    /// Request rate over time.
+    pub profile: Profile,
+    /// Seed of the clients' random streams.
+    pub seed: u64,
+    /// How long after the schedule ends late requests may still be issued.
+    pub drain: Duration,
+}
+
+/// What one client thread measured.
+struct ClientResult {
+    per_op: BTreeMap<Op, OpStats>,
+    seconds: Vec<Second>,
+    dropped: u64,
+    elapsed: Duration,
+}
+
+/// Does one operation. `Ok(false)` when a key that should exist did not.
+fn execute(
+    db: &DB,
+    chooser: &OpChooser,
+    records: &RecordBuilder,
+    rng: &mut Rng,
+    c: &Chosen,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<bool, rocksdb::Error> {
+    let key = chooser.key(c.keynum);
+    match c.op {
+        Op::Read => Ok(db.get_pinned(&key)?.is_some()),
+        Op::Insert => {
+            records.record(rng, buf);
+            db.put(&key, &buf)?;
+            Ok(true)
+        }
+        Op::Update | Op::ReadModifyWrite => {
+            // As YCSB's RocksDB binding: read the record, replace the field,
+            // write it back.
+            let existing = db.get_pinned(&key)?;
+            match existing {
+                Some(old) => records.update(rng, &old, c.field, buf),
+                None => records.record(rng, buf),
+            }
+            db.put(&key, &buf)?;
+            Ok(true)
+        }
+        Op::Scan => {
+            let mut it = db.raw_iterator();
+            it.seek(&key);
+            let mut n = 0;
+            while it.valid() && n < c.scan_len {
+                std::hint::black_box(it.value());
+                it.next();
+                n += 1;
+            }
+            it.status()?;
+            Ok(true)
+        }
+    }
+}
+
+/// Runs the clients against `db`.
+pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(f64) + Sync)) -> RunResult {
+    let inserted = Arc::new(AtomicU64::new(workload.recordcount));
+    let barrier = Barrier::new(params.threads + 1);
+    // Completions may run past the schedule by up to the drain time.
+    let seconds_n = ((params.duration + params.drain).as_secs_f64().ceil() as usize).max(1);
+    let records = RecordBuilder::new(workload);
+    let results: Vec<ClientResult> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..params.threads)
+            .map(|t| {
+                let (inserted, barrier, records) = (Arc::clone(&inserted), &barrier, &records);
+                s.spawn(move || {
+                    let mut chooser = OpChooser::new(workload);
+                    let mut rng = Rng::new(params.seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    let mut schedule = Schedule::new(params.profile.clone(), params.threads, t);
+                    let mut per_op: BTreeMap<Op, OpStats> = BTreeMap::new();
+                    let mut seconds: Vec<Second> =
+                        (0..seconds_n).map(|_| Second { ops: 0, intended: histogram() }).collect();
+                    let mut buf = Vec::with_capacity(workload.record_bytes() as usize + 256);
+                    let mut dropped = 0u64;
+                    barrier.wait();
+                    let start = Instant::now();
+                    loop {
+                        let due = schedule.next_arrival();
+                        if due >= params.duration {
+                            break;
+                        }
+                        let now = start.elapsed();
+                        if due > now {
+                            std::thread::sleep(due - now);
+                        } else if now > params.duration + params.drain {
+                            // Too late to issue: count what is left and stop.
+                            dropped += 1;
+                            while schedule.next_arrival() < params.duration {
+                                dropped += 1;
+                            }
+                            break;
+                        }
+                        let c = chooser.next(&mut rng, inserted.load(Ordering::Relaxed), || {
+                            inserted.fetch_add(1, Ordering::Relaxed)
+                        });
+                        let issued = start.elapsed();
+                        let ok = execute(db, &chooser, records, &mut rng, &c, &mut buf);
+                        let done = start.elapsed();
+                        let stats = per_op.entry(c.op).or_default();
+                        if !matches!(ok, Ok(true)) {
+                            stats.errors += 1;
+                        }
+                        let lat = (done - due).as_micros().clamp(1, MAX_US as u128) as u64;
+                        let svc = (done - issued).as_micros().clamp(1, MAX_US as u128) as u64;
+                        stats.intended.saturating_record(lat);
+                        stats.service.saturating_record(svc);
+                        seconds[(done.as_secs() as usize).min(seconds_n - 1)].ops += 1;
+                        seconds[(due.as_secs() as usize).min(seconds_n - 1)].intended.saturating_record(lat);
+                    }
+                    ClientResult { per_op, seconds, dropped, elapsed: start.elapsed() }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        while !handles.iter().all(|h| h.is_finished()) {
+            progress((start.elapsed().as_secs_f64() / params.duration.as_secs_f64()).min(1.0));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        progress(1.0);
+        handles.into_iter().map(|h| h.join().expect("client thread")).collect()
+    });
+    let mut out = RunResult {
+        elapsed: Duration::ZERO,
+        ops: 0,
+        overall: OpStats::default(),
+        per_op: BTreeMap::new(),
+        seconds: (0..seconds_n).map(|_| Second { ops: 0, intended: histogram() }).collect(),
+        dropped: 0,
+        schedule_s: params.duration.as_secs_f64(),
+    };
+    for ClientResult { per_op, seconds, dropped, .. } in &results {
+        for (op, s) in per_op {
+            out.per_op.entry(*op).or_default().add(s);
+            out.overall.add(s);
+        }
+        for (acc, s) in out.seconds.iter_mut().zip(seconds) {
+            acc.ops += s.ops;
+            let _ = acc.intended.add(&s.intended);
+        }
+        out.dropped += dropped;
+    }
+    out.ops = out.overall.intended.len();
+    // Until the last completion: the schedule's length, or longer when the
+    // last requests ran late.
+    out.elapsed = results.iter().map(|r| r.elapsed).max().unwrap_or(Duration::ZERO);
+    out
+}
+
+/// Loads `recordcount` records into a new DB at `path` (no device: the load
+/// is set-up, not measured), then flushes. Returns the open DB.
+pub fn load(path: &Path, options: &rocksdb::Options, workload: &Workload, threads: usize, seed: u64) -> Result<DB> {
+    let db = DB::open(options, path)?;
+    let next = AtomicU64::new(0);
+    let records = RecordBuilder::new(workload);
+    let chooser = OpChooser::new(workload);
+    let mut write = rocksdb::WriteOptions::default();
+    write.disable_wal(true);
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let (db, next, records, chooser, write) = (&db, &next, &records, &chooser, &write);
+                s.spawn(move || -> std::result::Result<(), rocksdb::Error> {
+                    let mut rng = Rng::new(seed.wrapping_add(t as u64));
+                    let mut buf = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= workload.recordcount {
+                            return Ok(());
+                        }
+                        records.record(&mut rng, &mut buf);
+                        db.put_opt(chooser.key(k), &buf, write)?;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("loader thread")?;
+        }
+        Ok(())
+    })?;
+    db.flush()?;
+    Ok(db)
+}

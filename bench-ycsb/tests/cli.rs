@@ -1,0 +1,89 @@
+//! The `bench-ycsb` binary end to end: a short run of every system, then
+//! checks that the summary, time series and plots exist and are well formed.
+
+use std::process::Command;
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_bench-ycsb"))
+}
+
+#[test]
+fn a_short_run_produces_summary_series_and_plots() {
+    let out = tempfile::tempdir().unwrap();
+    let status = bench()
+        .args([
+            "run",
+            "--recordcount",
+            "5000",
+            "--duration",
+            "3s",
+            "--profile",
+            "constant:400",
+            "--threads",
+            "2",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
+    let systems = summary["systems"].as_array().unwrap();
+    let names: Vec<&str> = systems.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["rocksdb", "rocksdb-autotuned", "paio-silk", "paio-static"]);
+    for s in systems {
+        for key in ["throughput_ops", "p50_us", "p99_us", "p999_us"] {
+            assert!(s[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {s}");
+        }
+        assert!(s["p50_us"].as_f64() <= s["p99_us"].as_f64() && s["p99_us"].as_f64() <= s["p999_us"].as_f64());
+        for op in ["READ", "UPDATE"] {
+            assert!(s["per_op"][op]["intended"]["p99_us"].as_u64().is_some(), "{op} in {}", s["name"]);
+        }
+        // About 400 ops/s for 3 s.
+        let ops = s["operations"].as_u64().unwrap();
+        assert!((1100..=1300).contains(&ops), "{ops}");
+        assert!(!s["seconds"].as_array().unwrap().is_empty());
+    }
+    let csv = std::fs::read_to_string(out.path().join("timeseries.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("system,repeat,second,throughput_ops,p50_us,p99_us,p999_us"));
+    assert!(lines.all(|l| l.split(',').count() == 7));
+    for plot in ["throughput.svg", "p99.svg"] {
+        let svg = std::fs::read_to_string(out.path().join(plot)).unwrap();
+        assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"), "{plot}");
+        assert_eq!(svg.matches("<polyline").count(), 4, "{plot}: one line per system");
+        assert_eq!(svg.matches('<').count(), svg.matches('>').count(), "{plot}: balanced tags");
+    }
+    let decisions = std::fs::read_to_string(out.path().join("decisions-paio-silk-1.jsonl")).unwrap();
+    assert!(decisions.lines().count() > 100);
+    for l in decisions.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["policy"], "silk");
+    }
+
+    // `report` re-makes the table and plots from summary.json.
+    std::fs::remove_file(out.path().join("p99.svg")).unwrap();
+    let o = bench().arg("report").arg(out.path()).output().unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("paio-silk"));
+    assert!(out.path().join("p99.svg").exists());
+}
+
+#[test]
+fn bad_input_is_an_error_naming_what_was_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let props = dir.path().join("w.properties");
+    std::fs::write(&props, "readproportion=2\n").unwrap();
+    let o = bench().args(["run", "--workload"]).arg(&props).arg("--out").arg(dir.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("readproportion"));
+    let o = bench().args(["run", "--systems", "rocksdb,magic"]).arg("--out").arg(dir.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("magic"));
+    let o = bench().args(["run", "--profile", "silk:peak=5"]).arg("--out").arg(dir.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("low"));
+}
