@@ -254,6 +254,10 @@ fn run(a: RunArgs) -> Result<BenchReport> {
     if !a.keep_data && a.base.is_none() {
         let _ = std::fs::remove_dir_all(&base_path);
     }
+    if !a.keep_data {
+        // Only removes the data directory when it is empty now.
+        let _ = std::fs::remove_dir(&data);
+    }
     let report = BenchReport {
         workload: w.name.clone(),
         workload_properties: serde_json::to_value(&w).unwrap_or_default(),

@@ -93,8 +93,9 @@ pub struct DbOptions {
 
 impl Default for DbOptions {
     /// Options under which flushes and compactions compete with clients on a
-    /// slow device: small memtables, an L0 that stalls writes early, a small
-    /// block cache so reads reach the device.
+    /// slow device: small memtables, an L0 that stalls writes early, a block
+    /// cache smaller than the default data set (256 MiB for about 400 MB),
+    /// so reads reach the device.
     fn default() -> Self {
         DbOptions {
             write_buffer_size: 16 << 20,
