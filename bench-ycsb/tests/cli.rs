@@ -55,7 +55,7 @@ fn a_short_run_produces_summary_series_and_plots() {
         let svg = std::fs::read_to_string(out.path().join(plot)).unwrap();
         assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"), "{plot}");
         assert_eq!(svg.matches("<polyline").count(), 4, "{plot}: one line per system");
-        assert_eq!(svg.matches('<').count(), svg.matches('>').count(), "{plot}: balanced tags");
+        assert_well_formed(&svg, plot);
     }
     let decisions = std::fs::read_to_string(out.path().join("decisions-paio-silk-1.jsonl")).unwrap();
     assert!(decisions.lines().count() > 100);
@@ -86,4 +86,38 @@ fn bad_input_is_an_error_naming_what_was_wrong() {
     let o = bench().args(["run", "--profile", "silk:peak=5"]).arg("--out").arg(dir.path()).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("low"));
+}
+
+/// A small well-formedness check for the SVGs we write: every tag closes,
+/// in order, attributes are quoted, text has no stray `<` or `&`.
+fn assert_well_formed(xml: &str, what: &str) {
+    let mut stack: Vec<&str> = Vec::new();
+    let mut rest = xml;
+    while let Some(open) = rest.find('<') {
+        let text = &rest[..open];
+        assert!(!text.contains('>'), "{what}: stray '>' in text {text:?}");
+        for (i, _) in text.match_indices('&') {
+            let entity = &text[i..];
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&#"].iter().any(|e| entity.starts_with(e)),
+                "{what}: bare '&' in text"
+            );
+        }
+        let close = rest[open..].find('>').unwrap_or_else(|| panic!("{what}: unclosed '<'")) + open;
+        let tag = &rest[open + 1..close];
+        assert!(!tag.contains('<'), "{what}: '<' inside tag {tag:?}");
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(stack.pop(), Some(name.trim()), "{what}: mismatched </{name}>");
+        } else if !tag.starts_with('?') && !tag.starts_with('!') {
+            let name = tag.split_whitespace().next().unwrap_or("").trim_end_matches('/');
+            assert!(!name.is_empty(), "{what}: empty tag");
+            assert_eq!(tag.matches('"').count() % 2, 0, "{what}: unbalanced quotes in <{tag}>");
+            if !tag.ends_with('/') {
+                stack.push(name);
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    assert!(rest.trim().is_empty(), "{what}: text after the root element");
+    assert!(stack.is_empty(), "{what}: unclosed elements {stack:?}");
 }
