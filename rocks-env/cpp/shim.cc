@@ -5,9 +5,9 @@
 #include "shim.h"
 
 #include <atomic>
-#include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rocksdb/env.h"
@@ -109,18 +109,15 @@ class Handle {
   rocks_env_callbacks cbs_;
 };
 
-uint8_t FileKindOf(const std::string& path) {
+uint8_t FileKindOf(std::string_view path) {
   size_t slash = path.find_last_of('/');
-  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  auto ends_with = [&](const char* suffix) {
-    size_t n = std::strlen(suffix);
-    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
-  };
-  if (ends_with(".log")) return ROCKS_ENV_FILE_WAL;
-  if (ends_with(".sst")) return ROCKS_ENV_FILE_SST;
-  if (ends_with(".blob")) return ROCKS_ENV_FILE_BLOB;
-  if (name.rfind("MANIFEST-", 0) == 0) return ROCKS_ENV_FILE_MANIFEST;
-  if (name == "LOG" || name.rfind("LOG.old.", 0) == 0) {
+  std::string_view name =
+      slash == std::string_view::npos ? path : path.substr(slash + 1);
+  if (name.ends_with(".log")) return ROCKS_ENV_FILE_WAL;
+  if (name.ends_with(".sst")) return ROCKS_ENV_FILE_SST;
+  if (name.ends_with(".blob")) return ROCKS_ENV_FILE_BLOB;
+  if (name.starts_with("MANIFEST-")) return ROCKS_ENV_FILE_MANIFEST;
+  if (name == "LOG" || name.starts_with("LOG.old.")) {
     return ROCKS_ENV_FILE_INFO_LOG;
   }
   return ROCKS_ENV_FILE_OTHER;
@@ -370,74 +367,50 @@ class StagedFileSystem : public FileSystemWrapper {
   IOStatus NewSequentialFile(const std::string& f, const FileOptions& o,
                              std::unique_ptr<FSSequentialFile>* r,
                              IODebugContext* dbg) override {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
-    if (!s.ok()) return s;
-    std::unique_ptr<FSSequentialFile> file;
-    s = target()->NewSequentialFile(f, o, &file, dbg);
-    if (s.ok()) r->reset(new StagedSequentialFile(std::move(file), h_, kind));
-    return s;
+    return Open<StagedSequentialFile>(f, o, r, [&](auto* file) {
+      return target()->NewSequentialFile(f, o, file, dbg);
+    });
   }
 
   IOStatus NewRandomAccessFile(const std::string& f, const FileOptions& o,
                                std::unique_ptr<FSRandomAccessFile>* r,
                                IODebugContext* dbg) override {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
-    if (!s.ok()) return s;
-    std::unique_ptr<FSRandomAccessFile> file;
-    s = target()->NewRandomAccessFile(f, o, &file, dbg);
-    if (s.ok()) r->reset(new StagedRandomAccessFile(std::move(file), h_, kind));
-    return s;
+    return Open<StagedRandomAccessFile>(f, o, r, [&](auto* file) {
+      return target()->NewRandomAccessFile(f, o, file, dbg);
+    });
   }
 
   IOStatus NewWritableFile(const std::string& f, const FileOptions& o,
                            std::unique_ptr<FSWritableFile>* r,
                            IODebugContext* dbg) override {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
-    if (!s.ok()) return s;
-    std::unique_ptr<FSWritableFile> file;
-    s = target()->NewWritableFile(f, o, &file, dbg);
-    if (s.ok()) r->reset(new StagedWritableFile(std::move(file), h_, kind));
-    return s;
+    return Open<StagedWritableFile>(f, o, r, [&](auto* file) {
+      return target()->NewWritableFile(f, o, file, dbg);
+    });
   }
 
   IOStatus ReopenWritableFile(const std::string& f, const FileOptions& o,
                               std::unique_ptr<FSWritableFile>* r,
                               IODebugContext* dbg) override {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
-    if (!s.ok()) return s;
-    std::unique_ptr<FSWritableFile> file;
-    s = target()->ReopenWritableFile(f, o, &file, dbg);
-    if (s.ok()) r->reset(new StagedWritableFile(std::move(file), h_, kind));
-    return s;
+    return Open<StagedWritableFile>(f, o, r, [&](auto* file) {
+      return target()->ReopenWritableFile(f, o, file, dbg);
+    });
   }
 
   IOStatus ReuseWritableFile(const std::string& f, const std::string& old_f,
                              const FileOptions& o,
                              std::unique_ptr<FSWritableFile>* r,
                              IODebugContext* dbg) override {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
-    if (!s.ok()) return s;
-    std::unique_ptr<FSWritableFile> file;
-    s = target()->ReuseWritableFile(f, old_f, o, &file, dbg);
-    if (s.ok()) r->reset(new StagedWritableFile(std::move(file), h_, kind));
-    return s;
+    return Open<StagedWritableFile>(f, o, r, [&](auto* file) {
+      return target()->ReuseWritableFile(f, old_f, o, file, dbg);
+    });
   }
 
   IOStatus NewRandomRWFile(const std::string& f, const FileOptions& o,
                            std::unique_ptr<FSRandomRWFile>* r,
                            IODebugContext* dbg) override {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
-    if (!s.ok()) return s;
-    std::unique_ptr<FSRandomRWFile> file;
-    s = target()->NewRandomRWFile(f, o, &file, dbg);
-    if (s.ok()) r->reset(new StagedRandomRWFile(std::move(file), h_, kind));
-    return s;
+    return Open<StagedRandomRWFile>(f, o, r, [&](auto* file) {
+      return target()->NewRandomRWFile(f, o, file, dbg);
+    });
   }
 
   IOStatus NewDirectory(const std::string& name, const IOOptions& io_opts,
@@ -496,6 +469,20 @@ class StagedFileSystem : public FileSystemWrapper {
   }
 
  private:
+  // Enforces the open of `f` as a metadata request, opens it on the target
+  // with `open`, and wraps the result so its data calls are enforced too.
+  template <typename Staged, typename File, typename OpenFn>
+  IOStatus Open(const std::string& f, const FileOptions& o,
+                std::unique_ptr<File>* r, OpenFn open) {
+    uint8_t kind = FileKindOf(f);
+    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
+    if (!s.ok()) return s;
+    std::unique_ptr<File> file;
+    s = open(&file);
+    if (s.ok()) r->reset(new Staged(std::move(file), h_, kind));
+    return s;
+  }
+
   std::shared_ptr<const Handle> h_;
 };
 
@@ -505,10 +492,9 @@ class StageListener : public rocksdb::EventListener {
 
   const char* Name() const override { return "KvStageListener"; }
 
-  void OnFlushBegin(rocksdb::DB*, const rocksdb::FlushJobInfo& info) override {
+  void OnFlushBegin(rocksdb::DB*, const rocksdb::FlushJobInfo&) override {
     tls_job = ROCKS_ENV_JOB_FLUSH;
-    Emit(ROCKS_ENV_EVENT_FLUSH_BEGIN, info.job_id, -1, 0, info.thread_id, true,
-         0, 0);
+    Emit(ROCKS_ENV_EVENT_FLUSH_BEGIN, -1, 0, 0);
   }
 
   void OnFlushCompleted(rocksdb::DB*,
@@ -519,38 +505,31 @@ class StageListener : public rocksdb::EventListener {
     rocksdb::FileSystem::Default()
         ->GetFileSize(info.file_path, IOOptions(), &size, nullptr)
         .PermitUncheckedError();
-    Emit(ROCKS_ENV_EVENT_FLUSH_COMPLETED, info.job_id, -1, 0, info.thread_id,
-         true, size, 0);
+    Emit(ROCKS_ENV_EVENT_FLUSH_COMPLETED, -1, size, 0);
     tls_job = ROCKS_ENV_JOB_NONE;
   }
 
   void OnCompactionBegin(rocksdb::DB*,
                          const rocksdb::CompactionJobInfo& ci) override {
     tls_job = JobFor(ci.base_input_level);
-    Emit(ROCKS_ENV_EVENT_COMPACTION_BEGIN, ci.job_id, ci.base_input_level,
-         ci.output_level, ci.thread_id, ci.status.ok(), 0, 0);
+    Emit(ROCKS_ENV_EVENT_COMPACTION_BEGIN, ci.base_input_level, 0, 0);
   }
 
   void OnCompactionCompleted(rocksdb::DB*,
                              const rocksdb::CompactionJobInfo& ci) override {
-    Emit(ROCKS_ENV_EVENT_COMPACTION_COMPLETED, ci.job_id, ci.base_input_level,
-         ci.output_level, ci.thread_id, ci.status.ok(),
+    Emit(ROCKS_ENV_EVENT_COMPACTION_COMPLETED, ci.base_input_level,
          ci.stats.total_output_bytes + ci.stats.total_output_bytes_blob,
          ci.stats.total_input_bytes);
     tls_job = ROCKS_ENV_JOB_NONE;
   }
 
+  // Subcompactions run on other threads: tag them, but report nothing (the
+  // compaction they belong to is counted once).
   void OnSubcompactionBegin(const rocksdb::SubcompactionJobInfo& si) override {
     tls_subjob = JobFor(si.base_input_level);
-    Emit(ROCKS_ENV_EVENT_SUBCOMPACTION_BEGIN, si.job_id, si.base_input_level,
-         si.output_level, si.thread_id, si.status.ok(), 0, 0);
   }
 
-  void OnSubcompactionCompleted(
-      const rocksdb::SubcompactionJobInfo& si) override {
-    Emit(ROCKS_ENV_EVENT_SUBCOMPACTION_COMPLETED, si.job_id,
-         si.base_input_level, si.output_level, si.thread_id, si.status.ok(), 0,
-         0);
+  void OnSubcompactionCompleted(const rocksdb::SubcompactionJobInfo&) override {
     tls_subjob = ROCKS_ENV_JOB_NONE;
   }
 
@@ -560,15 +539,10 @@ class StageListener : public rocksdb::EventListener {
                                  : ROCKS_ENV_JOB_COMPACTION_LN;
   }
 
-  void Emit(uint8_t kind, int job_id, int base, int out, uint64_t thread,
-            bool ok, uint64_t written, uint64_t read) {
+  void Emit(uint8_t kind, int base, uint64_t written, uint64_t read) {
     rocks_env_event ev;
     ev.kind = kind;
-    ev.status_ok = ok ? 1 : 0;
-    ev.job_id = job_id;
     ev.base_input_level = base;
-    ev.output_level = out;
-    ev.thread_id = thread;
     ev.bytes_written = written;
     ev.bytes_read = read;
     h_->Emit(ev);
@@ -614,7 +588,5 @@ int32_t rocks_env_probe_env_is_ours(const rocksdb_env_t* env) {
   const auto& fs = env->rep->GetFileSystem();
   return dynamic_cast<const StagedFileSystem*>(fs.get()) != nullptr ? 1 : 0;
 }
-
-uint8_t rocks_env_thread_job_ctx(void) { return ThreadJob(); }
 
 }  // extern "C"

@@ -48,24 +48,20 @@ typedef struct rocks_env_request {
   uint8_t job_ctx;      // rocks_env_job_ctx of the calling thread
 } rocks_env_request;
 
+// Flush and compaction jobs beginning and ending. Subcompactions only set
+// the thread's job tag; the compaction they belong to is counted once.
 enum rocks_env_event_kind {
   ROCKS_ENV_EVENT_FLUSH_BEGIN = 1,
   ROCKS_ENV_EVENT_FLUSH_COMPLETED = 2,
   ROCKS_ENV_EVENT_COMPACTION_BEGIN = 3,
   ROCKS_ENV_EVENT_COMPACTION_COMPLETED = 4,
-  ROCKS_ENV_EVENT_SUBCOMPACTION_BEGIN = 5,
-  ROCKS_ENV_EVENT_SUBCOMPACTION_COMPLETED = 6,
 };
 
 typedef struct rocks_env_event {
-  uint8_t kind;       // rocks_env_event_kind
-  uint8_t status_ok;  // 1 when the job succeeded (completed events)
-  int32_t job_id;
+  uint8_t kind;              // rocks_env_event_kind
   int32_t base_input_level;  // compactions; -1 for flushes
-  int32_t output_level;      // compactions; 0 for flushes
-  uint64_t thread_id;
-  uint64_t bytes_written;  // completed: SST bytes the job produced
-  uint64_t bytes_read;     // completed compactions: input bytes
+  uint64_t bytes_written;    // completed: SST bytes the job produced
+  uint64_t bytes_read;       // completed compactions: input bytes
 } rocks_env_event;
 
 // Returns 0 to let the request go on; non-zero fails it with the message
@@ -103,9 +99,6 @@ uint64_t rocks_env_probe_write_buffer_size(const rocksdb_options_t* options);
 size_t rocks_env_probe_listener_count(const rocksdb_options_t* options);
 int32_t rocks_env_probe_env_is_default(const rocksdb_env_t* env);
 int32_t rocks_env_probe_env_is_ours(const rocksdb_env_t* env);
-
-// The calling thread's listener context (for tests).
-uint8_t rocks_env_thread_job_ctx(void);
 
 #ifdef __cplusplus
 }

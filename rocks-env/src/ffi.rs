@@ -26,11 +26,7 @@ pub(crate) struct RawRequest {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawEvent {
     pub(crate) kind: u8,
-    pub(crate) status_ok: u8,
-    pub(crate) job_id: i32,
     pub(crate) base_input_level: i32,
-    pub(crate) output_level: i32,
-    pub(crate) thread_id: u64,
     pub(crate) bytes_written: u64,
     pub(crate) bytes_read: u64,
 }

@@ -50,9 +50,8 @@ impl FileKind {
     }
 }
 
-const KINDS: usize = 7;
 /// Per file kind: reads, writes, syncs, metadata.
-const CELLS: usize = KINDS * 4;
+const CELLS: usize = FileKind::ALL.len() * 4;
 
 fn cell(kind: FileKind, t: RequestType) -> usize {
     let op = match t {
@@ -268,16 +267,11 @@ impl DbIo {
         }
     }
 
+    /// The shim sends kv-stage's `RequestType` discriminants; anything
+    /// beyond the file types is taken as metadata.
     fn request_type(kind: u8) -> RequestType {
-        match kind {
-            0 => RequestType::Read,
-            1 => RequestType::Write,
-            2 => RequestType::Sync,
-            3 => RequestType::Open,
-            4 => RequestType::Close,
-            5 => RequestType::Delete,
-            6 => RequestType::Rename,
-            7 => RequestType::Truncate,
+        match RequestType::ALL.get(kind as usize) {
+            Some(&t) if t <= RequestType::Metadata => t,
             _ => RequestType::Metadata,
         }
     }
@@ -328,7 +322,6 @@ impl DbIo {
                     self.stage.job_finished(level_ctx);
                 }
             }
-            // Subcompactions are parts of a compaction already counted.
             _ => {}
         }
     }
@@ -350,5 +343,33 @@ impl DbIo {
     pub(crate) fn job_stats(&self) -> JobStats {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         JobStats { flush: jobs.flush.snapshot(), compaction_l0: jobs.l0.snapshot(), compaction_ln: jobs.ln.snapshot() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shim_request_kinds_are_kv_stage_discriminants() {
+        // shim.h: 0 read, 1 write, 2 sync, 3 open, 4 close, 5 delete,
+        // 6 rename, 7 truncate, 8 metadata.
+        let expected = [
+            RequestType::Read,
+            RequestType::Write,
+            RequestType::Sync,
+            RequestType::Open,
+            RequestType::Close,
+            RequestType::Delete,
+            RequestType::Rename,
+            RequestType::Truncate,
+            RequestType::Metadata,
+        ];
+        for (k, t) in expected.iter().enumerate() {
+            assert_eq!(DbIo::request_type(k as u8), *t);
+        }
+        // Key-value types and unknown values are metadata, never a put or get.
+        assert_eq!(DbIo::request_type(RequestType::Put as u8), RequestType::Metadata);
+        assert_eq!(DbIo::request_type(200), RequestType::Metadata);
     }
 }
