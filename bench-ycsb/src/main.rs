@@ -227,7 +227,9 @@ fn run(a: RunArgs) -> Result<BenchReport> {
     };
     let mut reports = Vec::new();
     for (kind, r, path) in runs {
-        let sys = systems::open(kind, &path, &cfg)?;
+        let decisions = a.out.join(format!("decisions-{}-{r}.jsonl", kind.name()));
+        let _ = std::fs::remove_file(&decisions);
+        let sys = systems::open(kind, &path, &cfg, Some(&decisions))?;
         let label = format!("{} #{r}", kind.name());
         let result = runner::run(&sys.db, &w, &params, &progress_bar(&label, a.quiet));
         let mut rep = SystemReport::new(kind.name(), r, &result);
@@ -236,11 +238,8 @@ fn run(a: RunArgs) -> Result<BenchReport> {
         rep.context_bytes =
             sys.stage.collect().contexts.iter().map(|c| (c.context.name().to_owned(), c.counter.bytes)).collect();
         if let Some(ctl) = sys.controller {
-            let log = ctl.stop();
-            rep.controller_cycles = log.len() as u64;
-            let lines: Vec<String> = log.iter().filter_map(|d| serde_json::to_string(d).ok()).collect();
-            let file = a.out.join(format!("decisions-{}-{r}.jsonl", kind.name()));
-            std::fs::write(&file, lines.join("\n") + "\n").map_err(Error::io(format!("writing {}", file.display())))?;
+            rep.controller_cycles = ctl.cycles();
+            ctl.stop(); // flushes the decision log
         }
         drop(sys.db);
         if !a.keep_data {

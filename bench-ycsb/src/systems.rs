@@ -165,8 +165,9 @@ pub struct RunningSystem {
     pub options: rocksdb::Options,
 }
 
-/// Opens `kind` on a copy of the loaded DB at `path`.
-pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig) -> Result<RunningSystem> {
+/// Opens `kind` on a copy of the loaded DB at `path`. A controller, if the
+/// system has one, appends its decision log to `decision_log`.
+pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Option<&Path>) -> Result<RunningSystem> {
     let device = Device::new(Rate::bytes_per_sec(cfg.device_bps).map_err(|e| Error::Usage(e.to_string()))?)?;
     let stage = Arc::new(Stage::new(kind.name()));
     let mut options = cfg.db.rocksdb();
@@ -197,7 +198,9 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig) -> Result<Running
                 hysteresis: Rate::bytes_per_sec(cfg.min_bps / 4.0).map_err(|e| Error::Usage(e.to_string()))?,
             });
             c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
-            Some(Controller::builder(c).instance("db", stage.clone()).start()?)
+            c.log = decision_log.map(Path::to_path_buf);
+            // The file has every cycle; nothing needs them in memory.
+            Some(Controller::builder(c).instance("db", stage.clone()).max_log_records(0).start()?)
         }
         _ => None,
     };

@@ -1,6 +1,6 @@
 //! The control loop.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -110,7 +110,7 @@ enum Change {
 struct Shared {
     stop: Mutex<bool>,
     wake: Condvar,
-    log: Mutex<Vec<DecisionRecord>>,
+    log: Mutex<VecDeque<DecisionRecord>>,
     changes: Mutex<Vec<Change>>,
     cycles: AtomicU64,
     policy_errors: AtomicU64,
@@ -132,6 +132,13 @@ fn policy_for(config: &ControllerConfig) -> Box<dyn Policy> {
     }
 }
 
+/// Cycles kept in memory unless [`ControllerBuilder::max_log_records`] says
+/// otherwise: about 17 minutes at SILK's 10 ms interval, tens of MB.
+const DEFAULT_MAX_LOG: usize = 100_000;
+
+/// How often the decision-log file is flushed (and at stop).
+const LOG_FLUSH_EVERY: Duration = Duration::from_secs(1);
+
 /// Builds and starts a [`Controller`].
 pub struct ControllerBuilder {
     config: ControllerConfig,
@@ -144,7 +151,7 @@ pub struct ControllerBuilder {
 impl ControllerBuilder {
     /// Starts from a configuration.
     pub fn new(config: ControllerConfig) -> Self {
-        ControllerBuilder { config, instances: Vec::new(), policy: None, proc_pid: None, max_log: 1_000_000 }
+        ControllerBuilder { config, instances: Vec::new(), policy: None, proc_pid: None, max_log: DEFAULT_MAX_LOG }
     }
 
     /// Binds an instance name to a stage. For fair-share policies every
@@ -166,7 +173,9 @@ impl ControllerBuilder {
         self
     }
 
-    /// Keeps at most this many cycles in memory (default 1 000 000).
+    /// Keeps at most this many cycles in memory, dropping the oldest
+    /// (default 100 000; 0 keeps none). The log file, when configured,
+    /// has every cycle.
     pub fn max_log_records(mut self, n: usize) -> Self {
         self.max_log = n;
         self
@@ -244,7 +253,7 @@ impl ControllerBuilder {
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),
-            log: Mutex::new(Vec::new()),
+            log: Mutex::new(VecDeque::new()),
             changes: Mutex::new(Vec::new()),
             cycles: AtomicU64::new(0),
             policy_errors: AtomicU64::new(0),
@@ -260,6 +269,7 @@ impl ControllerBuilder {
             current: HashMap::new(),
             proc_io: ProcIoSampler::new(self.proc_pid),
             log_file,
+            log_flushed: Instant::now(),
             max_log: self.max_log,
             started: Instant::now(),
             last_cycle: None,
@@ -281,6 +291,8 @@ struct LoopState {
     current: HashMap<(String, String, String), f64>,
     proc_io: ProcIoSampler,
     log_file: Option<BufWriter<File>>,
+    /// When the log file was last flushed.
+    log_flushed: Instant,
     max_log: usize,
     started: Instant,
     last_cycle: Option<Instant>,
@@ -418,14 +430,18 @@ impl LoopState {
             && let Ok(line) = serde_json::to_string(&record)
         {
             let _ = writeln!(f, "{line}");
-            let _ = f.flush();
+            if now.duration_since(self.log_flushed) >= LOG_FLUSH_EVERY {
+                let _ = f.flush();
+                self.log_flushed = now;
+            }
         }
         let mut log = self.shared.log.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() >= self.max_log {
-            let excess = log.len() + 1 - self.max_log;
-            log.drain(..excess);
+        if self.max_log > 0 {
+            while log.len() >= self.max_log {
+                log.pop_front();
+            }
+            log.push_back(record);
         }
-        log.push(record);
     }
 
     fn apply(&mut self, decision: Decision, record: &mut DecisionRecord) {
@@ -493,7 +509,7 @@ impl Controller {
 
     /// The decision log so far.
     pub fn log(&self) -> Vec<DecisionRecord> {
-        self.shared.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared.log.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 
     /// An instance joins (fair-share policies start sharing with it at the

@@ -159,3 +159,31 @@ fn bad_bindings_are_refused_at_start() {
     assert!(e.to_string().contains("not a drl"), "{e}");
     Controller::builder(cfg).instance("a", a).start().unwrap().stop();
 }
+
+#[test]
+fn the_memory_log_is_bounded_and_the_file_has_every_cycle() {
+    let stage = stage_with_drl("bounded");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("decisions.jsonl");
+    let mut cfg = ControllerConfig::silk(SilkConfig::default());
+    cfg.interval = Some(Duration::from_millis(2));
+    cfg.log = Some(file.clone());
+    let ctl = Controller::builder(cfg.clone()).instance("s", stage.clone()).max_log_records(3).start().unwrap();
+    while ctl.cycles() < 10 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let log = ctl.stop();
+    assert_eq!(log.len(), 3, "only the newest cycles are kept");
+    assert!(log.windows(2).all(|w| w[1].cycle == w[0].cycle + 1));
+    assert!(log[2].cycle >= 9);
+    let lines = std::fs::read_to_string(&file).unwrap().lines().count() as u64;
+    assert_eq!(lines, log[2].cycle + 1, "the file has every cycle");
+
+    std::fs::remove_file(&file).unwrap();
+    let ctl = Controller::builder(cfg).instance("s", stage).max_log_records(0).start().unwrap();
+    while ctl.cycles() < 5 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(ctl.stop().is_empty());
+    assert!(std::fs::read_to_string(&file).unwrap().lines().count() >= 5);
+}
