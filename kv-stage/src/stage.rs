@@ -1114,6 +1114,11 @@ pub struct StageInfo {
 }
 
 impl StageInfo {
+    /// The object `object` of channel `channel`, if both exist.
+    pub fn object(&self, channel: &str, object: &str) -> Option<&ObjectInfo> {
+        self.channels.iter().find(|c| c.id == channel)?.objects.iter().find(|o| o.id == object)
+    }
+
     /// Objects whose routes (or default role) cover a request context, as
     /// `(channel, object)`: how a controller finds "the flush objects"
     /// without magic ids.

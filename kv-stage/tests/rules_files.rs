@@ -118,6 +118,15 @@ fn example_rules_files_load() {
     stage.apply(&RuleSet::load(&example("rocksdb.toml")).unwrap()).unwrap();
     assert_eq!(drl_rate(&stage, "compaction", "ln"), 10.0 * 1048576.0);
     assert!(stage.object("flush", "drl").is_some());
+    // A controller finds the objects serving a context from the layout.
+    let info = stage.stage_info();
+    let pair = |c: &str, o: &str| (c.to_owned(), o.to_owned());
+    assert_eq!(info.objects_for_context(C::BG_FLUSH), [pair("flush", "drl")]);
+    assert_eq!(info.objects_for_context(C::BG_COMPACTION_L0_L1), [pair("compaction", "l0")]);
+    assert_eq!(info.objects_for_context(C::BG_COMPACTION_LN), [pair("compaction", "ln")]);
+    assert_eq!(info.objects_for_context(C::FOREGROUND), [pair("foreground", "noop")]);
+    assert_eq!(info.object("compaction", "ln").map(|o| o.kind.as_str()), Some("drl"));
+    assert!(info.object("compaction", "nope").is_none() && info.object("nope", "ln").is_none());
 
     let stage = Stage::new("volumes");
     stage.apply(&RuleSet::load(&example("volumes.json")).unwrap()).unwrap();

@@ -99,14 +99,7 @@ impl Policy for Silk {
                 v.info
                     .objects_for_context(ctx)
                     .into_iter()
-                    .filter(|(c, o)| {
-                        v.info
-                            .channels
-                            .iter()
-                            .find(|ch| &ch.id == c)
-                            .and_then(|ch| ch.objects.iter().find(|x| &x.id == o))
-                            .is_some_and(|x| x.kind == "drl")
-                    })
+                    .filter(|(c, o)| v.info.object(c, o).is_some_and(|x| x.kind == "drl"))
                     .collect()
             };
             let (flush, l0, ln) = (drls(C::BG_FLUSH), drls(C::BG_COMPACTION_L0_L1), drls(C::BG_COMPACTION_LN));
