@@ -7,11 +7,12 @@
 //! [`ContextScope`] (or [`with_context`]), which is how a layer propagates "this
 //! I/O belongs to a flush" down to the code that builds contexts.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::str::FromStr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -196,9 +197,160 @@ pub struct RequestContext(u16);
 const BUILTIN_NAMES: [&str; 6] =
     ["foreground", "bg_flush", "bg_compaction_L0_L1", "bg_compaction_LN", "bg_compaction", "background"];
 
-fn registry() -> &'static Mutex<Vec<&'static str>> {
-    static REGISTRY: OnceLock<Mutex<Vec<&'static str>>> = OnceLock::new();
-    REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
+/// The state of one application context id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Registered for good.
+    Registered(&'static str),
+    /// Reserved by rules that have not been applied yet; freed when the
+    /// last reservation holding it is dropped (see [`ContextReservation`]).
+    Reserved(&'static str, usize),
+    /// Free for a new name.
+    Free,
+}
+
+#[derive(Default)]
+struct Registry {
+    slots: Vec<Slot>,
+    /// Every name ever stored, so a name reserved again and again is
+    /// allocated once.
+    interned: Vec<&'static str>,
+}
+
+impl Registry {
+    fn intern(&mut self, name: &str) -> &'static str {
+        if let Some(n) = self.interned.iter().find(|n| **n == name) {
+            return n;
+        }
+        let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        self.interned.push(n);
+        n
+    }
+
+    fn find(&self, name: &str) -> Option<usize> {
+        self.slots.iter().position(|s| matches!(s, Slot::Registered(n) | Slot::Reserved(n, _) if *n == name))
+    }
+
+    /// A slot for a new name: a free one, or a new one below the limit.
+    fn new_slot(&mut self, name: &str) -> Result<usize> {
+        if let Some(i) = self.slots.iter().position(|s| *s == Slot::Free) {
+            return Ok(i);
+        }
+        if RequestContext::FIRST_USER_ID as usize + self.slots.len() >= RequestContext::MAX {
+            return Err(Error::invalid(format!(
+                "cannot register request context '{name}': all {} context ids are in use",
+                RequestContext::MAX - RequestContext::FIRST_USER_ID as usize
+            )));
+        }
+        self.slots.push(Slot::Free);
+        Ok(self.slots.len() - 1)
+    }
+}
+
+fn registry() -> MutexGuard<'static, Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(Registry::default())).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+thread_local! {
+    /// Reserved contexts the rules being parsed on this thread may name.
+    static PARSING: RefCell<Vec<(&'static str, u16)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Contexts a batch of rules declared but that are not registered until the
+/// batch applies: a rules file that fails to load, or to apply, leaves the
+/// registry as it was (ids are process-wide and limited).
+///
+/// Shared by the clones of a [`RuleSet`](crate::RuleSet); when the last one
+/// goes without having been applied, the reserved ids are freed.
+#[derive(Debug, Default)]
+pub(crate) struct ContextReservation {
+    ids: Vec<u16>,
+    committed: AtomicBool,
+}
+
+impl ContextReservation {
+    /// Reserves `names` (all or none): names already registered need
+    /// nothing, the others get an id that only rules parsed inside
+    /// [`ContextReservation::scope`] can name.
+    pub(crate) fn reserve(names: &[String]) -> Result<Self> {
+        let mut reg = registry();
+        let mut out = ContextReservation::default();
+        for name in names {
+            if RequestContext::builtin(name).is_some() {
+                continue;
+            }
+            validate_name(name).map_err(|m| Error::invalid(format!("request context name '{name}': {m}")))?;
+            let i = match reg.find(name) {
+                Some(i) => i,
+                None => match reg.new_slot(name) {
+                    Ok(i) => {
+                        let n = reg.intern(name);
+                        reg.slots[i] = Slot::Reserved(n, 0);
+                        i
+                    }
+                    Err(e) => {
+                        out.release(&mut reg);
+                        return Err(e);
+                    }
+                },
+            };
+            if let Slot::Reserved(n, count) = reg.slots[i]
+                && !out.ids.contains(&(i as u16))
+            {
+                reg.slots[i] = Slot::Reserved(n, count + 1);
+                out.ids.push(i as u16);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` with the reserved contexts nameable on this thread.
+    pub(crate) fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        let names: Vec<(&'static str, u16)> = {
+            let reg = registry();
+            self.ids
+                .iter()
+                .filter_map(|&i| match reg.slots[i as usize] {
+                    Slot::Reserved(n, _) | Slot::Registered(n) => Some((n, i)),
+                    Slot::Free => None,
+                })
+                .collect()
+        };
+        let before = PARSING.with(|p| std::mem::replace(&mut *p.borrow_mut(), names));
+        let r = f();
+        PARSING.with(|p| *p.borrow_mut() = before);
+        r
+    }
+
+    /// The batch applied: its contexts are registered for good.
+    pub(crate) fn commit(&self) {
+        if self.ids.is_empty() || self.committed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut reg = registry();
+        for &i in &self.ids {
+            if let Slot::Reserved(n, _) = reg.slots[i as usize] {
+                reg.slots[i as usize] = Slot::Registered(n);
+            }
+        }
+    }
+
+    fn release(&self, reg: &mut Registry) {
+        for &i in &self.ids {
+            if let Slot::Reserved(n, count) = reg.slots[i as usize] {
+                reg.slots[i as usize] = if count <= 1 { Slot::Free } else { Slot::Reserved(n, count - 1) };
+            }
+        }
+    }
+}
+
+impl Drop for ContextReservation {
+    fn drop(&mut self) {
+        if !self.ids.is_empty() && !self.committed.load(Ordering::Acquire) {
+            self.release(&mut registry());
+        }
+    }
 }
 
 impl RequestContext {
@@ -242,21 +394,17 @@ impl RequestContext {
             return Ok(c);
         }
         validate_name(name).map_err(|m| Error::invalid(format!("request context name '{name}': {m}")))?;
-        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = reg.iter().position(|n| *n == name) {
-            return Ok(Self(Self::FIRST_USER_ID + i as u16));
-        }
-        let id = Self::FIRST_USER_ID as usize + reg.len();
-        if id >= Self::MAX {
-            return Err(Error::invalid(format!(
-                "cannot register request context '{name}': all {} context ids are in use",
-                Self::MAX - Self::FIRST_USER_ID as usize
-            )));
-        }
+        let mut reg = registry();
+        let i = match reg.find(name) {
+            Some(i) => i,
+            None => reg.new_slot(name)?,
+        };
         // Registered names live for the whole process: there are at most a few
         // hundred, and a `&'static str` keeps lookups lock-free for callers.
-        reg.push(Box::leak(name.to_owned().into_boxed_str()));
-        Ok(Self(id as u16))
+        // A name reserved by rules not yet applied is registered for good now.
+        let n = reg.intern(name);
+        reg.slots[i] = Slot::Registered(n);
+        Ok(Self(Self::FIRST_USER_ID + i as u16))
     }
 
     fn builtin(name: &str) -> Option<Self> {
@@ -264,12 +412,20 @@ impl RequestContext {
     }
 
     /// Finds a built-in or registered context by name, without registering.
+    /// (While rules are parsed, the contexts they declare are found too.)
     pub fn lookup(name: &str) -> Option<Self> {
         if let Some(c) = Self::builtin(name) {
             return Some(c);
         }
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        reg.iter().position(|n| *n == name).map(|i| Self(Self::FIRST_USER_ID + i as u16))
+        let parsing = PARSING.try_with(|p| p.borrow().iter().find(|(n, _)| *n == name).map(|&(_, i)| i)).ok().flatten();
+        if let Some(i) = parsing {
+            return Some(Self(Self::FIRST_USER_ID + i));
+        }
+        let reg = registry();
+        reg.slots
+            .iter()
+            .position(|s| matches!(s, Slot::Registered(n) if *n == name))
+            .map(|i| Self(Self::FIRST_USER_ID + i as u16))
     }
 
     /// The context with id `id`, if it is built in or registered.
@@ -277,16 +433,21 @@ impl RequestContext {
         if (id as usize) < BUILTIN_NAMES.len() {
             return Some(Self(id));
         }
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         let i = id.checked_sub(Self::FIRST_USER_ID)? as usize;
-        (i < reg.len()).then_some(Self(id))
+        matches!(registry().slots.get(i), Some(Slot::Registered(_))).then_some(Self(id))
     }
 
     /// Every context known now: the built-ins, then registered ones.
     pub fn all() -> Vec<RequestContext> {
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        let reg = registry();
         let mut v = Self::BUILTINS.to_vec();
-        v.extend((0..reg.len()).map(|i| Self(Self::FIRST_USER_ID + i as u16)));
+        v.extend(
+            reg.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| matches!(s, Slot::Registered(_)))
+                .map(|(i, _)| Self(Self::FIRST_USER_ID + i as u16)),
+        );
         v
     }
 
@@ -307,8 +468,11 @@ impl RequestContext {
         if let Some(n) = BUILTIN_NAMES.get(self.0 as usize) {
             return n;
         }
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        self.0.checked_sub(Self::FIRST_USER_ID).and_then(|i| reg.get(i as usize).copied()).unwrap_or("unknown")
+        let reg = registry();
+        match self.0.checked_sub(Self::FIRST_USER_ID).and_then(|i| reg.slots.get(i as usize)) {
+            Some(Slot::Registered(n) | Slot::Reserved(n, _)) => n,
+            _ => "unknown",
+        }
     }
 
     /// True for the built-in contexts.

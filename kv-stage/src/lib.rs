@@ -81,8 +81,9 @@ pub use objects::{
 };
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{
-    ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, DEFAULT_CHANNEL, JobCounters,
-    ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage, StageInfo, WorkflowCounters,
+    ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, DEFAULT_CHANNEL,
+    InstanceInfo, JobCounters, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage, StageInfo,
+    WorkflowCounters,
 };
 pub use stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
 pub use units::{Amount, Rate, RateUnit};

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::context::RequestContext;
+use crate::context::ContextReservation;
 use crate::error::{Error, Location, Result};
 use crate::matching::Match;
 use crate::objects::{ObjectConfig, ObjectSpec};
@@ -195,12 +195,26 @@ pub struct RuleEntry {
 
 /// A batch of rules, as loaded from a file or built in code, plus warnings the
 /// loader produced (for example, Paio routes that duplicate earlier ones).
-#[derive(Debug, Clone, Default, PartialEq)]
+///
+/// Application contexts a file declares (`contexts = [...]`) are reserved
+/// while the set lives and registered only when it applies to a stage; a
+/// set that never applies leaves the process-wide registry as it was.
+#[derive(Debug, Clone, Default)]
 pub struct RuleSet {
     /// The rules, in order.
     pub rules: Vec<RuleEntry>,
     /// Non-fatal remarks.
     pub warnings: Vec<String>,
+    /// Contexts declared by the files the rules came from.
+    pub(crate) contexts: Vec<Arc<ContextReservation>>,
+}
+
+impl PartialEq for RuleSet {
+    /// Rules and warnings; where their declared contexts are reserved does
+    /// not matter.
+    fn eq(&self, other: &Self) -> bool {
+        self.rules == other.rules && self.warnings == other.warnings
+    }
 }
 
 /// Formats a rules file can have.
@@ -247,6 +261,14 @@ impl RuleSet {
                 .map(|(index, rule)| RuleEntry { rule, location: Location { index, ..Location::default() } })
                 .collect(),
             warnings: Vec::new(),
+            contexts: Vec::new(),
+        }
+    }
+
+    /// The set applied: the contexts its files declared are registered.
+    pub(crate) fn commit_contexts(&self) {
+        for c in &self.contexts {
+            c.commit();
         }
     }
 
@@ -258,6 +280,7 @@ impl RuleSet {
             e
         }));
         self.warnings.extend(other.warnings);
+        self.contexts.extend(other.contexts);
     }
 
     /// Loads a rules file, choosing the format from the extension.
@@ -312,12 +335,10 @@ fn check_version(v: Option<u32>, source: &Option<Arc<str>>) -> Result<()> {
     }
 }
 
-/// Registers the contexts a file declares, so its rules can name them.
-fn declare_contexts(contexts: &[String], source: &Option<Arc<str>>) -> Result<()> {
-    for c in contexts {
-        RequestContext::register(c).map_err(|e| file_error(source, None, Some("contexts"), e.to_string()))?;
-    }
-    Ok(())
+/// Reserves the contexts a file declares, so its rules can name them; they
+/// are registered when the rules apply.
+fn declare_contexts(contexts: &[String], source: &Option<Arc<str>>) -> Result<ContextReservation> {
+    ContextReservation::reserve(contexts).map_err(|e| file_error(source, None, Some("contexts"), e.to_string()))
 }
 
 /// Turns one parsed rule (as a JSON object) into an entry, checking ids.
@@ -357,18 +378,21 @@ fn parse_toml(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
         file_error(&source, line, None, e.message().to_owned())
     })?;
     check_version(file.version, &source)?;
-    declare_contexts(&file.contexts, &source)?;
-    let mut seen = HashMap::new();
-    let mut rules = Vec::with_capacity(file.rules.len());
-    for (index, spanned) in file.rules.into_iter().enumerate() {
-        let line = line_of(text, spanned.span().start);
-        let location = Location { source: source.clone(), line: Some(line), index, id: None };
-        let table = spanned.into_inner();
-        let json = serde_json::to_value(&table).map_err(|e| Error::rule(&location, None, e.to_string()))?;
-        let serde_json::Value::Object(map) = json else { unreachable!("a TOML table is a JSON object") };
-        rules.push(entry_from_map(map, location, &mut seen)?);
-    }
-    Ok(RuleSet { rules, warnings: Vec::new() })
+    let declared = declare_contexts(&file.contexts, &source)?;
+    let rules = declared.scope(|| -> Result<Vec<RuleEntry>> {
+        let mut seen = HashMap::new();
+        let mut rules = Vec::with_capacity(file.rules.len());
+        for (index, spanned) in file.rules.into_iter().enumerate() {
+            let line = line_of(text, spanned.span().start);
+            let location = Location { source: source.clone(), line: Some(line), index, id: None };
+            let table = spanned.into_inner();
+            let json = serde_json::to_value(&table).map_err(|e| Error::rule(&location, None, e.to_string()))?;
+            let serde_json::Value::Object(map) = json else { unreachable!("a TOML table is a JSON object") };
+            rules.push(entry_from_map(map, location, &mut seen)?);
+        }
+        Ok(rules)
+    })?;
+    Ok(RuleSet { rules, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
 }
 
 #[derive(Deserialize)]
@@ -385,22 +409,25 @@ fn parse_json(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
     let file: JsonFile<'_> =
         serde_json::from_str(text).map_err(|e| file_error(&source, Some(e.line()), None, e.to_string()))?;
     check_version(file.version, &source)?;
-    declare_contexts(&file.contexts, &source)?;
-    let mut seen = HashMap::new();
-    let mut rules = Vec::with_capacity(file.rules.len());
-    let base = text.as_ptr() as usize;
-    for (index, raw) in file.rules.into_iter().enumerate() {
-        // A borrowed RawValue is a slice of `text`: its address gives its line.
-        let offset = (raw.get().as_ptr() as usize).saturating_sub(base);
-        let location = Location { source: source.clone(), line: Some(line_of(text, offset)), index, id: None };
-        let value: serde_json::Value =
-            serde_json::from_str(raw.get()).map_err(|e| Error::rule(&location, None, e.to_string()))?;
-        let serde_json::Value::Object(map) = value else {
-            return Err(Error::rule(&location, None, "a rule must be an object"));
-        };
-        rules.push(entry_from_map(map, location, &mut seen)?);
-    }
-    Ok(RuleSet { rules, warnings: Vec::new() })
+    let declared = declare_contexts(&file.contexts, &source)?;
+    let rules = declared.scope(|| -> Result<Vec<RuleEntry>> {
+        let mut seen = HashMap::new();
+        let mut rules = Vec::with_capacity(file.rules.len());
+        let base = text.as_ptr() as usize;
+        for (index, raw) in file.rules.into_iter().enumerate() {
+            // A borrowed RawValue is a slice of `text`: its address gives its line.
+            let offset = (raw.get().as_ptr() as usize).saturating_sub(base);
+            let location = Location { source: source.clone(), line: Some(line_of(text, offset)), index, id: None };
+            let value: serde_json::Value =
+                serde_json::from_str(raw.get()).map_err(|e| Error::rule(&location, None, e.to_string()))?;
+            let serde_json::Value::Object(map) = value else {
+                return Err(Error::rule(&location, None, "a rule must be an object"));
+            };
+            rules.push(entry_from_map(map, location, &mut seen)?);
+        }
+        Ok(rules)
+    })?;
+    Ok(RuleSet { rules, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! request is lost or enforced twice when rules change under load.
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,7 +23,7 @@ use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 use serde::Serialize;
 
-use crate::context::{Context, RequestContext, WorkflowId};
+use crate::context::{Context, InstanceId, RequestContext, RequestType, WorkflowId};
 use crate::error::{EnforceError, Error, Location, Result};
 use crate::matching::Match;
 use crate::objects::{ConfigError, EnforcementObject, Object, ObjectConfig, ObjectSpec, ObjectStats, Outcome, now_ns};
@@ -39,6 +39,7 @@ pub const DEFAULT_CHANNEL: &str = "default";
 // Runtime layout (read by the data path).
 
 struct ObjectRt {
+    id: Arc<str>,
     label: Arc<str>,
     slot: u32,
     object: Arc<Object>,
@@ -150,10 +151,27 @@ impl Layout {
 // ---------------------------------------------------------------------------
 // Control model (guarded by the control mutex, cloned per batch).
 
+/// A counter slot as one channel or object uses it: slots of removed
+/// channels and objects are reused, so each use has its own incarnation and
+/// counts from the totals the slot had when it was taken.
+#[derive(Clone, Copy, Debug)]
+struct SlotUse {
+    slot: u32,
+    incarnation: u64,
+    base: (u64, u64),
+}
+
+impl SlotUse {
+    fn total(&self, counters: &Counters) -> (u64, u64) {
+        let (ops, bytes) = counters.slot_total(self.slot);
+        (ops.wrapping_sub(self.base.0), bytes.wrapping_sub(self.base.1))
+    }
+}
+
 #[derive(Clone)]
 struct ObjectModel {
     id: Arc<str>,
-    slot: u32,
+    slot: SlotUse,
     object: Arc<Object>,
 }
 
@@ -167,7 +185,7 @@ struct RouteModel {
 #[derive(Clone)]
 struct ChannelModel {
     id: Arc<str>,
-    slot: u32,
+    slot: SlotUse,
     objects: Vec<ObjectModel>,
     routes: Vec<RouteModel>,
     default_object: Option<Arc<str>>,
@@ -178,8 +196,16 @@ struct Model {
     channels: Vec<ChannelModel>,
     routes: Vec<RouteModel>,
     default_channel: Arc<str>,
+    /// Slots never used so far start here.
     next_slot: u32,
+    /// Slots given back by removed channels and objects, oldest first.
+    free_slots: VecDeque<u32>,
+    next_incarnation: u64,
     generation: u64,
+    /// Instances open on the stage, with who opened them.
+    open_instances: Vec<(InstanceId, Arc<str>)>,
+    /// Instances whose requests objects no longer hold (closing).
+    closed_instances: Vec<InstanceId>,
 }
 
 impl Model {
@@ -191,24 +217,42 @@ impl Model {
         self.channels.iter_mut().find(|c| &*c.id == id)
     }
 
-    fn alloc_slot(&mut self, loc: &Location, field: &str) -> Result<u32> {
-        if self.next_slot as usize >= MAX_COUNTER_SLOTS {
+    /// A counter slot for a new channel or object: a fresh one while any
+    /// is left, else the one given back longest ago (so that a request
+    /// still counting on a removed object, which finishes on the layout it
+    /// started with, almost surely counts before its slot is reused).
+    fn alloc_slot(&mut self, counters: &Counters, loc: &Location, field: &str) -> Result<SlotUse> {
+        let slot = if (self.next_slot as usize) < MAX_COUNTER_SLOTS {
+            self.next_slot += 1;
+            self.next_slot - 1
+        } else if let Some(s) = self.free_slots.pop_front() {
+            s
+        } else {
             return Err(Error::rule(
                 loc,
                 Some(field),
-                format!("this stage has created {MAX_COUNTER_SLOTS} channels and objects, its limit"),
+                format!("this stage has {MAX_COUNTER_SLOTS} channels and objects, its limit; remove some first"),
             ));
-        }
-        self.next_slot += 1;
-        Ok(self.next_slot - 1)
+        };
+        self.next_incarnation += 1;
+        Ok(SlotUse { slot, incarnation: self.next_incarnation, base: counters.slot_total(slot) })
+    }
+
+    fn objects(&self) -> impl Iterator<Item = &Arc<Object>> {
+        self.channels.iter().flat_map(|c| c.objects.iter().map(|o| &o.object))
     }
 }
 
 /// A batch in progress: the model copy plus what to do at commit.
-struct Txn {
+struct Txn<'a> {
     model: Model,
+    counters: &'a Counters,
     configs: Vec<(Arc<Object>, ObjectConfig)>,
     retired: Vec<Arc<Object>>,
+    /// Objects created in this batch (closed instances apply to them).
+    created: Vec<Arc<Object>>,
+    /// Slots given back in this batch; reusable only after it commits.
+    freed: Vec<u32>,
     warnings: Vec<String>,
     structural: bool,
     /// Patterns routed in this batch, to reject repeats within one batch.
@@ -230,7 +274,7 @@ fn config_error(loc: &Location, label: &str, e: ConfigError) -> Error {
     Error::rule(loc, Some(e.field), format!("{label}: {}", e.message))
 }
 
-impl Txn {
+impl Txn<'_> {
     fn channel_mut<'a>(&'a mut self, id: &str, loc: &Location) -> Result<&'a mut ChannelModel> {
         self.model.channel_mut(id).ok_or_else(|| Error::rule(loc, Some("channel"), format!("unknown channel '{id}'")))
     }
@@ -240,7 +284,7 @@ impl Txn {
         if self.model.channel(&id).is_some() {
             return Err(Error::rule(loc, Some("channel"), format!("channel '{id}' already exists")));
         }
-        let slot = self.model.alloc_slot(loc, "channel")?;
+        let slot = self.model.alloc_slot(self.counters, loc, "channel")?;
         self.model.channels.push(ChannelModel {
             id: Arc::clone(&id),
             slot,
@@ -270,6 +314,8 @@ impl Txn {
             .position(|c| &*c.id == id)
             .ok_or_else(|| Error::rule(loc, Some("channel"), format!("unknown channel '{id}'")))?;
         let ch = self.model.channels.remove(pos);
+        self.freed.push(ch.slot.slot);
+        self.freed.extend(ch.objects.iter().map(|o| o.slot.slot));
         self.retired.extend(ch.objects.into_iter().map(|o| o.object));
         self.model.routes.retain(|r| &*r.target != id);
         self.structural = true;
@@ -285,7 +331,7 @@ impl Txn {
         loc: &Location,
     ) -> Result<()> {
         let oid = validate_id(object, loc, "object")?;
-        let slot = self.model.alloc_slot(loc, "object")?;
+        let slot = self.model.alloc_slot(self.counters, loc, "object")?;
         let ch = self.channel_mut(channel, loc)?;
         if ch.objects.iter().any(|o| o.id == oid) {
             return Err(Error::rule(
@@ -305,10 +351,12 @@ impl Txn {
                 ),
             ));
         }
-        ch.objects.push(ObjectModel { id: Arc::clone(&oid), slot, object: Arc::new(obj) });
+        let obj = Arc::new(obj);
+        ch.objects.push(ObjectModel { id: Arc::clone(&oid), slot, object: Arc::clone(&obj) });
         if matches.is_none() {
             ch.default_object = Some(Arc::clone(&oid));
         }
+        self.created.push(obj);
         self.structural = true;
         if let Some(m) = matches {
             self.route_object(channel, object, m, loc)?;
@@ -326,6 +374,7 @@ impl Txn {
         if ch.default_object.as_deref() == Some(object) {
             ch.default_object = None;
         }
+        self.freed.push(o.slot.slot);
         self.retired.push(o.object);
         self.structural = true;
         Ok(())
@@ -510,13 +559,14 @@ fn compile(m: &Model) -> Result<Layout> {
         let table = compile_routes(&ch.routes, index_of_object, &format!("channel '{}' object", ch.id))?;
         channels.push(ChannelRt {
             label: Arc::clone(&ch.id),
-            slot: ch.slot,
+            slot: ch.slot.slot,
             objects: ch
                 .objects
                 .iter()
                 .map(|o| ObjectRt {
+                    id: Arc::clone(&o.id),
                     label: format!("{}/{}", ch.id, o.id).into(),
-                    slot: o.slot,
+                    slot: o.slot.slot,
                     object: Arc::clone(&o.object),
                 })
                 .collect(),
@@ -525,6 +575,49 @@ fn compile(m: &Model) -> Result<Layout> {
         });
     }
     Ok(Layout { channels: channels.into_boxed_slice(), routes, default_channel: index_of_channel(&m.default_channel) })
+}
+
+/// Which objects the requests of each context reach, per instance class,
+/// by looking every combination of classifier classes up in the compiled
+/// layout: the request types, the workflows and instances the rules name
+/// (plus one value no rule names), and `contexts`.
+fn coverage(layout: &Layout, m: &Model, contexts: &[RequestContext]) -> Vec<Coverage> {
+    let patterns = m.routes.iter().chain(m.channels.iter().flat_map(|c| c.routes.iter())).map(|r| &r.matches);
+    let mut instances: Vec<InstanceId> = Vec::new();
+    let mut workflows: Vec<u64> = Vec::new();
+    for p in patterns {
+        instances.extend(p.instance.values().iter().copied());
+        workflows.extend(p.workflow.values().iter().map(|w| w.0));
+    }
+    instances.sort();
+    instances.dedup();
+    workflows.sort();
+    workflows.dedup();
+    let other_instance = (0..=u16::MAX).rev().map(InstanceId).find(|i| !instances.contains(i)).unwrap_or_default();
+    let other_workflow = (0..=u64::MAX).rev().find(|w| !workflows.contains(w)).unwrap_or_default();
+    workflows.push(other_workflow);
+    let classes = instances.iter().map(|&i| (Some(i), i)).chain(std::iter::once((None, other_instance)));
+    let mut out = Vec::new();
+    for (class, instance) in classes {
+        for &context in contexts {
+            let mut objects: Vec<(String, String)> = Vec::new();
+            for t in RequestType::ALL {
+                for &w in &workflows {
+                    let r = layout.route(&Context::with(WorkflowId(w), t, context, instance, 0));
+                    if r.object == NO_OBJECT {
+                        continue;
+                    }
+                    let ch = &layout.channels[r.channel as usize];
+                    let o = &ch.objects[r.object as usize];
+                    if !objects.iter().any(|(c, x)| **c == *ch.label && **x == *o.id) {
+                        objects.push((ch.label.to_string(), o.id.to_string()));
+                    }
+                }
+            }
+            out.push(Coverage { context, instance: class, objects });
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -566,8 +659,11 @@ pub struct Stage {
     counters: Counters,
     control: Mutex<Model>,
     shut_down: AtomicBool,
-    /// Jobs begun and completed per request context (see `job_started`).
-    jobs: Box<[[AtomicU64; 2]]>,
+    /// Jobs begun and completed per instance and request context (see
+    /// `job_started`). Jobs are rare events: a mutex is cheap enough.
+    jobs: Mutex<BTreeMap<(InstanceId, RequestContext), (u64, u64)>>,
+    /// What [`StageInfo::coverage`] says for the layout of a generation.
+    coverage: Mutex<Option<(u64, Arc<[Coverage]>)>>,
 }
 
 impl std::fmt::Debug for Stage {
@@ -596,7 +692,7 @@ impl Stage {
         let model = Model {
             channels: vec![ChannelModel {
                 id: Arc::clone(&default),
-                slot: 0,
+                slot: SlotUse { slot: 0, incarnation: 0, base: (0, 0) },
                 objects: Vec::new(),
                 routes: Vec::new(),
                 default_object: None,
@@ -604,7 +700,11 @@ impl Stage {
             routes: Vec::new(),
             default_channel: default,
             next_slot: 1,
+            free_slots: VecDeque::new(),
+            next_incarnation: 0,
             generation: 0,
+            open_instances: Vec::new(),
+            closed_instances: Vec::new(),
         };
         let layout = compile(&model).expect("the initial layout compiles");
         Stage {
@@ -617,7 +717,8 @@ impl Stage {
             counters: Counters::new(),
             control: Mutex::new(model),
             shut_down: AtomicBool::new(false),
-            jobs: (0..RequestContext::MAX).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect(),
+            jobs: Mutex::new(BTreeMap::new()),
+            coverage: Mutex::new(None),
         }
     }
 
@@ -777,15 +878,20 @@ impl Stage {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn transact(&self, f: impl FnOnce(&mut Txn) -> Result<()>) -> Result<ApplyReport> {
+    /// Runs a batch: `f` against a copy of the model; if it and the compile
+    /// succeed, `on_commit` and the commit (which cannot fail).
+    fn transact(&self, f: impl FnOnce(&mut Txn) -> Result<()>, on_commit: impl FnOnce()) -> Result<ApplyReport> {
         let mut guard = self.lock_control();
         if self.shut_down.load(Ordering::Acquire) {
             return Err(Error::invalid(format!("stage '{}' is shut down", self.name)));
         }
         let mut txn = Txn {
             model: guard.clone(),
+            counters: &self.counters,
             configs: Vec::new(),
             retired: Vec::new(),
+            created: Vec::new(),
+            freed: Vec::new(),
             warnings: Vec::new(),
             structural: false,
             batch_routes: HashSet::new(),
@@ -793,9 +899,16 @@ impl Stage {
         f(&mut txn)?;
         let layout = if txn.structural { Some(compile(&txn.model)?) } else { None };
         // Commit: nothing below can fail.
+        on_commit();
         for (obj, set) in &txn.configs {
             obj.configure(set);
         }
+        for obj in &txn.created {
+            for &i in &txn.model.closed_instances {
+                obj.close_instance(i);
+            }
+        }
+        txn.model.free_slots.extend(txn.freed.drain(..));
         if let Some(l) = layout {
             txn.model.generation += 1;
             self.layout.store(Arc::new(l));
@@ -817,7 +930,7 @@ impl Stage {
 
     /// Applies a batch of rules, all or nothing.
     pub fn apply(&self, rules: &RuleSet) -> Result<ApplyReport> {
-        self.transact(|txn| rules.rules.iter().try_for_each(|e| txn.apply(e)))
+        self.transact(|txn| rules.rules.iter().try_for_each(|e| txn.apply(e)), || rules.commit_contexts())
     }
 
     /// Applies rules built in code, all or nothing.
@@ -841,7 +954,7 @@ impl Stage {
         matches: Option<Match>,
     ) -> Result<ApplyReport> {
         let loc = Location::default();
-        self.transact(|txn| txn.add_object(channel, object, Object::Custom(custom), matches.as_ref(), &loc))
+        self.transact(|txn| txn.add_object(channel, object, Object::Custom(custom), matches.as_ref(), &loc), || ())
     }
 
     /// A handle to configure one object directly, for control loops that
@@ -857,6 +970,7 @@ impl Stage {
     /// their current configuration, routes, and the workflows seen so far.
     pub fn stage_info(&self) -> StageInfo {
         let m = self.lock_control().clone();
+        let coverage = self.coverage_of(&m);
         let (workflows, _) = self.counters.workflow_totals();
         let route_info = |r: &RouteModel| RouteInfo { matches: r.matches.clone(), target: r.target.to_string() };
         StageInfo {
@@ -886,7 +1000,33 @@ impl Stage {
                 })
                 .collect(),
             workflows: workflows.into_iter().map(|(w, _, _)| WorkflowId(w)).collect(),
+            instances: m
+                .open_instances
+                .iter()
+                .map(|(id, owner)| InstanceInfo { id: *id, owner: owner.to_string() })
+                .collect(),
+            coverage: coverage.to_vec(),
         }
+    }
+
+    /// The coverage of the model's layout, computed once per generation.
+    fn coverage_of(&self, m: &Model) -> Arc<[Coverage]> {
+        let mut cache = self.coverage.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((g, c)) = cache.as_ref()
+            && *g == m.generation
+        {
+            return Arc::clone(c);
+        }
+        let mut contexts = RequestContext::BUILTINS.to_vec();
+        for r in m.routes.iter().chain(m.channels.iter().flat_map(|c| c.routes.iter())) {
+            contexts.extend(r.matches.context.values().iter().copied());
+        }
+        contexts.sort();
+        contexts.dedup();
+        let layout = self.layout.load_full();
+        let c: Arc<[Coverage]> = coverage(&layout, m, &contexts).into();
+        *cache = Some((m.generation, Arc::clone(&c)));
+        c
     }
 
     /// Monotonic counters since the stage started, with a timestamp. Rates
@@ -899,15 +1039,15 @@ impl Stage {
         let mut channels = Vec::new();
         let mut objects = Vec::new();
         for c in &m.channels {
-            let (ops, bytes) = self.counters.slot_total(c.slot);
+            let (ops, bytes) = c.slot.total(&self.counters);
             channels.push(ChannelCounters { channel: c.id.to_string(), counter: Counter { ops, bytes } });
             for o in &c.objects {
-                let (ops, bytes) = self.counters.slot_total(o.slot);
+                let (ops, bytes) = o.slot.total(&self.counters);
                 objects.push(ObjectCounters {
                     channel: c.id.to_string(),
                     object: o.id.to_string(),
                     kind: o.object.kind().to_owned(),
-                    incarnation: o.slot,
+                    incarnation: o.slot.incarnation,
                     counter: Counter { ops, bytes },
                     stats: o.object.stats(),
                 });
@@ -940,37 +1080,70 @@ impl Stage {
             other_workflows: Counter { ops: oo, bytes: ob },
             jobs: self
                 .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
                 .iter()
-                .enumerate()
-                .filter_map(|(i, [b, c])| {
-                    let begun = b.load(Ordering::Acquire);
-                    let completed = c.load(Ordering::Acquire).min(begun);
-                    (begun > 0).then(|| RequestContext::from_id(i as u16)).flatten().map(|context| JobCounters {
-                        context,
-                        begun,
-                        completed,
-                        running: begun - completed,
-                    })
+                .map(|(&(instance, context), &(begun, completed))| {
+                    let completed = completed.min(begun);
+                    JobCounters { context, instance, begun, completed, running: begun - completed }
                 })
                 .collect(),
         }
     }
 
-    /// Records that a job of `context` began (a flush, a compaction, a
-    /// backup run): layers that know when jobs run report it here, and
-    /// control planes read running jobs from [`Collection::jobs`]. Jobs are
-    /// counted, not timed; a job that begins and ends between two collections
-    /// still shows in `begun`.
-    pub fn job_started(&self, context: RequestContext) {
-        if let Some([b, _]) = self.jobs.get(context.index()) {
-            b.fetch_add(1, Ordering::AcqRel);
-        }
+    /// Records that a job of `context` began in `instance` (a flush, a
+    /// compaction, a backup run): layers that know when jobs run report it
+    /// here, and control planes read running jobs from
+    /// [`Collection::jobs`]. Jobs are counted, not timed; a job that begins
+    /// and ends between two collections still shows in `begun`. Every
+    /// `job_started` must be matched by one [`job_finished`](Self::job_finished),
+    /// whether the job completed, failed or was cut short.
+    pub fn job_started(&self, instance: InstanceId, context: RequestContext) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry((instance, context)).or_default().0 += 1;
     }
 
-    /// Records that a job of `context` completed.
-    pub fn job_finished(&self, context: RequestContext) {
-        if let Some([_, c]) = self.jobs.get(context.index()) {
-            c.fetch_add(1, Ordering::AcqRel);
+    /// Records that a job of `context` in `instance` ended.
+    pub fn job_finished(&self, instance: InstanceId, context: RequestContext) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry((instance, context)).or_default().1 += 1;
+    }
+
+    /// Opens `instance` on the stage for `owner` (a DB's path, a tenant's
+    /// name): requests of a closed instance are subject to limits again.
+    /// Fails if the instance is already open, so two DBs sharing a stage
+    /// cannot silently share an instance id (and with it their counters,
+    /// limits and closing).
+    pub fn open_instance(&self, instance: InstanceId, owner: &str) -> Result<()> {
+        let mut m = self.lock_control();
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("stage '{}' is shut down", self.name)));
+        }
+        if let Some((_, by)) = m.open_instances.iter().find(|(i, _)| *i == instance) {
+            return Err(Error::invalid(format!(
+                "instance {instance} of stage '{}' is already open (by {by}); give each DB on a shared stage its own instance id",
+                self.name
+            )));
+        }
+        m.open_instances.push((instance, owner.into()));
+        if let Some(pos) = m.closed_instances.iter().position(|&i| i == instance) {
+            m.closed_instances.remove(pos);
+            for o in m.objects() {
+                o.open_instance(instance);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes `instance` (a DB shutting down): every request of it that
+    /// waits in any object is admitted at once, and its later requests are
+    /// not held, until it is opened again. Idempotent.
+    pub fn close_instance(&self, instance: InstanceId) {
+        let mut m = self.lock_control();
+        m.open_instances.retain(|(i, _)| *i != instance);
+        if !m.closed_instances.contains(&instance) {
+            m.closed_instances.push(instance);
+        }
+        for o in m.objects() {
+            o.close_instance(instance);
         }
     }
 
@@ -979,10 +1152,8 @@ impl Stage {
     pub fn shutdown(&self) {
         let m = self.lock_control();
         self.shut_down.store(true, Ordering::Release);
-        for c in &m.channels {
-            for o in &c.objects {
-                o.object.shutdown();
-            }
+        for o in m.objects() {
+            o.shutdown();
         }
     }
 
@@ -1111,6 +1282,34 @@ pub struct StageInfo {
     pub channels: Vec<ChannelInfo>,
     /// Workflows that have sent requests.
     pub workflows: Vec<WorkflowId>,
+    /// Instances open on the stage ([`Stage::open_instance`]).
+    pub instances: Vec<InstanceInfo>,
+    /// Which objects each request context reaches, per instance class,
+    /// computed from the compiled layout.
+    pub coverage: Vec<Coverage>,
+}
+
+/// An instance open on a stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstanceInfo {
+    /// Its id.
+    pub id: InstanceId,
+    /// Who opened it (a DB's path, a tenant's name).
+    pub owner: String,
+}
+
+/// The objects that requests of one context reach, for one instance or for
+/// every instance no rule names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Coverage {
+    /// The request context.
+    pub context: RequestContext,
+    /// The instance (`None`: every instance no route names).
+    pub instance: Option<InstanceId>,
+    /// `(channel, object)` reached by some request of this context and
+    /// instance (of any type, from any workflow), in layout order. Requests
+    /// that pass through a channel without an object reach none.
+    pub objects: Vec<(String, String)>,
 }
 
 impl StageInfo {
@@ -1119,27 +1318,25 @@ impl StageInfo {
         self.channels.iter().find(|c| c.id == channel)?.objects.iter().find(|o| o.id == object)
     }
 
-    /// Objects whose routes (or default role) cover a request context, as
+    /// Objects that requests of `ctx` reach, for any instance, as
     /// `(channel, object)`: how a controller finds "the flush objects"
     /// without magic ids.
     pub fn objects_for_context(&self, ctx: RequestContext) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for c in &self.channels {
-            let channel_takes = self.routes.iter().any(|r| r.target == c.id && r.matches.context.accepts(ctx))
-                || (self.default_channel == c.id && !self.routes.iter().any(|r| r.matches.context.accepts(ctx)));
-            if !channel_takes {
-                continue;
-            }
+        let mut out: Vec<(String, String)> = Vec::new();
+        for c in self.coverage.iter().filter(|c| c.context == ctx) {
             for o in &c.objects {
-                let routed = c.routes.iter().any(|r| r.target == o.id && r.matches.context.accepts(ctx));
-                let default = c.default_object.as_deref() == Some(&o.id)
-                    && !c.routes.iter().any(|r| r.matches.context.accepts(ctx) && !r.matches.context.is_any());
-                if routed || default {
-                    out.push((c.id.clone(), o.id.clone()));
+                if !out.contains(o) {
+                    out.push(o.clone());
                 }
             }
         }
         out
+    }
+
+    /// Objects that requests of `ctx` from `instance` reach.
+    pub fn objects_serving(&self, ctx: RequestContext, instance: InstanceId) -> &[(String, String)] {
+        let find = |i: Option<InstanceId>| self.coverage.iter().find(|c| c.context == ctx && c.instance == i);
+        find(Some(instance)).or_else(|| find(None)).map_or(&[], |c| &c.objects)
     }
 }
 
@@ -1173,7 +1370,7 @@ pub struct ObjectCounters {
     pub kind: String,
     /// Changes when an object is removed and created again under the same
     /// id; counters then restart from zero.
-    pub incarnation: u32,
+    pub incarnation: u64,
     /// Totals.
     #[serde(flatten)]
     pub counter: Counter,
@@ -1227,11 +1424,14 @@ pub struct Collection {
     pub jobs: Vec<JobCounters>,
 }
 
-/// Jobs of one request context.
+/// Jobs of one request context in one instance (or, from
+/// [`Collection::jobs`], in all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct JobCounters {
     /// Request context.
     pub context: RequestContext,
+    /// Instance.
+    pub instance: InstanceId,
     /// Jobs begun.
     pub begun: u64,
     /// Jobs completed.
@@ -1251,10 +1451,25 @@ impl Collection {
         self.objects.iter().find(|o| o.channel == channel && o.object == object)
     }
 
-    /// Jobs of a request context (zero when none were reported).
+    /// Jobs of a request context, summed over instances (zero when none
+    /// were reported; the `instance` field is then meaningless).
     pub fn jobs(&self, ctx: RequestContext) -> JobCounters {
-        self.jobs.iter().find(|j| j.context == ctx).copied().unwrap_or(JobCounters {
+        self.jobs.iter().filter(|j| j.context == ctx).fold(
+            JobCounters { context: ctx, instance: InstanceId(0), begun: 0, completed: 0, running: 0 },
+            |mut acc, j| {
+                acc.begun += j.begun;
+                acc.completed += j.completed;
+                acc.running += j.running;
+                acc
+            },
+        )
+    }
+
+    /// Jobs of a request context in one instance.
+    pub fn instance_jobs(&self, instance: InstanceId, ctx: RequestContext) -> JobCounters {
+        self.jobs.iter().find(|j| j.context == ctx && j.instance == instance).copied().unwrap_or(JobCounters {
             context: ctx,
+            instance,
             begun: 0,
             completed: 0,
             running: 0,

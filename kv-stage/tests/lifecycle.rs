@@ -158,3 +158,75 @@ fn kv_layer_enforces_before_the_store_sees_the_call() {
     kv.scan(b"", 10, &mut |k, _| seen.push(k.to_vec())).unwrap();
     assert_eq!(seen, vec![b"a".to_vec()]);
 }
+
+fn spawn_instance_waiter(
+    stage: &Arc<Stage>,
+    instance: u16,
+    size: u64,
+) -> std::thread::JoinHandle<Result<Outcome, kv_stage::EnforceError>> {
+    let stage = Arc::clone(stage);
+    std::thread::spawn(move || {
+        stage.enforce(&Context::new(T::Write, size).in_context(C::BG_FLUSH).in_instance(kv_stage::InstanceId(instance)))
+    })
+}
+
+/// Closing an instance admits, at once, every request of it that waits in
+/// any object (here a DRL at rate 0), and holds none of its later ones;
+/// other instances' requests keep waiting. Opening it again restores its
+/// limits.
+#[test]
+fn closing_an_instance_admits_its_waiters_and_only_its() {
+    let stage = stage_with_closed_drl();
+    let mine: Vec<_> = (0..3).map(|_| spawn_instance_waiter(&stage, 1, 4096)).collect();
+    let other = spawn_instance_waiter(&stage, 2, 4096);
+    wait_until_waiting(&stage, 4);
+    let t = Instant::now();
+    stage.close_instance(kv_stage::InstanceId(1));
+    for w in mine {
+        w.join().unwrap().expect("a closing instance's waiter is admitted");
+    }
+    let released = t.elapsed();
+    assert!(released < Duration::from_secs(1), "closing took {released:?} to release its waiters");
+    // A later request of the closed instance is not held either.
+    spawn_instance_waiter(&stage, 1, 1 << 20).join().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(!other.is_finished(), "closing instance 1 released instance 2's request");
+    assert_eq!(stage.object("flush", "drl").unwrap().stats().waiting, 1);
+
+    // Open again: instance 1 is held like everyone else; the stage refuses
+    // a second open of the same instance.
+    stage.open_instance(kv_stage::InstanceId(1), "db-1").unwrap();
+    let err = stage.open_instance(kv_stage::InstanceId(1), "db-1-again").unwrap_err().to_string();
+    assert!(err.contains("already open (by db-1)"), "{err}");
+    let again = spawn_instance_waiter(&stage, 1, 4096);
+    wait_until_waiting(&stage, 2);
+    // Objects created while an instance is closed know it too.
+    stage.close_instance(kv_stage::InstanceId(1));
+    again.join().unwrap().unwrap();
+    stage
+        .apply_rules([Rule::CreateObject {
+            channel: "flush".into(),
+            object: "late".into(),
+            spec: ObjectSpec::Drl(DrlSpec::new(Rate::bytes_per_sec(0.0).unwrap())),
+            matches: Some(Match::request_type(T::Sync)),
+        }])
+        .unwrap();
+    stage
+        .enforce(&Context::new(T::Sync, 1).in_context(C::BG_FLUSH).in_instance(kv_stage::InstanceId(1)))
+        .expect("the new object does not hold a closed instance");
+    stage.shutdown();
+    assert!(other.join().unwrap().is_err());
+}
+
+/// Shutting the stage down releases (fails) the waiters of every instance.
+#[test]
+fn shutdown_fails_the_waiters_of_every_instance() {
+    let stage = stage_with_closed_drl();
+    let waiters: Vec<_> = (0..4).map(|i| spawn_instance_waiter(&stage, i, 4096)).collect();
+    wait_until_waiting(&stage, 4);
+    stage.shutdown();
+    for w in waiters {
+        let e = w.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), EnforceErrorKind::ShutDown);
+    }
+}

@@ -18,6 +18,18 @@
 //!   so it applies to requests already waiting;
 //! * over any interval, admitted tokens never exceed `rate x elapsed + burst`.
 //!
+//! A waiting request can give its place back ([`BucketCore::cancel`]): its
+//! range becomes a *hole*, and every range after it counts as if the hole
+//! were not there, so the requests behind it do not pay for it and the
+//! tokens already provided towards it go to the next in line. Holes are
+//! folded away whenever nothing waits. This is how a closing instance's
+//! waiters leave without charging the instances that share the bucket.
+//!
+//! A change of unit (bytes/s to ops/s or back) starts a new *epoch*: the
+//! accounting restarts from a full bucket in the new unit, and requests that
+//! were waiting take a new place in it, priced in the new unit. (Their
+//! order among themselves is the order in which they wake.)
+//!
 //! [`Bucket`] wraps the core in a mutex and a condition variable. The lock is
 //! held only to reserve and to recompute a deadline; waiting happens in
 //! `Condvar::wait_timeout`, which releases the lock while the thread sleeps.
@@ -28,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::context::InstanceId;
 use crate::error::Rejection;
 use crate::units::RateUnit;
 
@@ -50,12 +63,17 @@ pub(crate) struct BucketCore {
     base_t: u64,
     base_p: f64,
     issued: f64,
+    /// Cancelled ranges still inside `issued`, as `(end, cost)` in order of
+    /// their ends.
+    holes: Vec<(f64, f64)>,
+    /// Sum of the holes' costs.
+    hole_total: f64,
 }
 
 impl BucketCore {
     /// A full bucket at `now`.
     pub(crate) fn new(now: u64, rate: f64, burst: f64) -> Self {
-        BucketCore { rate, burst, base_t: now, base_p: burst, issued: 0.0 }
+        BucketCore { rate, burst, base_t: now, base_p: burst, issued: 0.0, holes: Vec::new(), hole_total: 0.0 }
     }
 
     pub(crate) fn rate(&self) -> f64 {
@@ -77,6 +95,11 @@ impl BucketCore {
         self.base_p + self.rate * (now.saturating_sub(self.base_t) as f64) * 1e-9
     }
 
+    /// Tokens reserved by requests that have not given their place back.
+    fn live_issued(&self) -> f64 {
+        self.issued - self.hole_total
+    }
+
     /// Caps unused tokens at `burst` (only matters when nothing is waiting,
     /// since waiters keep `issued` above the provision).
     fn clamp(&mut self, now: u64) {
@@ -84,22 +107,31 @@ impl BucketCore {
             return;
         }
         let p = self.provision(now);
-        if p > self.issued + self.burst {
-            self.base_p = self.issued + self.burst;
+        let cap = self.live_issued() + self.burst;
+        if p > cap {
+            self.base_p = cap;
             self.base_t = now;
         }
     }
 
-    /// Reserves `cost` tokens at `now`; returns the end of the reserved range.
+    /// Reserves `cost` tokens at `now`; returns the end of the reserved range
+    /// (the request's ticket).
     pub(crate) fn reserve(&mut self, now: u64, cost: f64) -> f64 {
         self.clamp(now);
         self.issued += cost;
         self.issued
     }
 
+    /// Where a ticket stands once the holes before it are taken out.
+    fn effective(&self, ticket: f64) -> f64 {
+        let before: f64 = self.holes.iter().take_while(|h| h.0 < ticket).map(|h| h.1).sum();
+        ticket - before
+    }
+
     /// When the request whose range ends at `ticket` may go: a time in ns, or
     /// `None` while the bucket is closed.
     pub(crate) fn ready_at(&self, ticket: f64) -> Option<u64> {
+        let ticket = self.effective(ticket);
         if self.rate.is_infinite() || ticket <= self.base_p {
             return Some(self.base_t);
         }
@@ -110,12 +142,25 @@ impl BucketCore {
         Some(self.base_t.saturating_add(if wait >= u64::MAX as f64 { u64::MAX } else { wait as u64 }))
     }
 
+    /// Gives back the place of a waiting request (its range ends at `ticket`
+    /// and is `cost` long): the requests behind it move up by `cost`.
+    pub(crate) fn cancel(&mut self, ticket: f64, cost: f64) {
+        if ticket == self.issued {
+            // The last range: simply shorten the line.
+            self.issued -= cost;
+        } else {
+            let at = self.holes.partition_point(|h| h.0 < ticket);
+            self.holes.insert(at, (ticket, cost));
+            self.hole_total += cost;
+        }
+    }
+
     /// Changes rate and burst at `now`. Tokens provided so far are kept; from
     /// `now` on they accrue at the new rate.
     pub(crate) fn set(&mut self, now: u64, rate: f64, burst: f64) {
         if self.rate.is_infinite() {
             // Leaving "unlimited": start from a full bucket.
-            self.base_p = self.issued + burst;
+            self.base_p = self.live_issued() + burst;
         } else {
             self.base_p = self.provision(now);
         }
@@ -125,8 +170,14 @@ impl BucketCore {
         self.clamp(now);
     }
 
-    /// Shifts the cumulative counters down when no ticket is outstanding.
+    /// Folds the holes away and shifts the cumulative counters down; only
+    /// when no ticket is outstanding.
     pub(crate) fn rebase(&mut self) {
+        if !self.holes.is_empty() {
+            self.issued -= self.hole_total;
+            self.holes.clear();
+            self.hole_total = 0.0;
+        }
         if self.issued > REBASE_ABOVE && self.base_p.is_finite() {
             self.base_p -= self.issued;
             self.issued = 0.0;
@@ -143,17 +194,34 @@ pub struct BucketStats {
     pub wait_ns: u64,
     /// Requests waiting right now.
     pub waiting: u64,
-    /// Tokens admitted (bytes or ops, by the bucket's unit).
+    /// Tokens reserved (bytes or ops, by the bucket's unit at the time).
     pub admitted_tokens: f64,
 }
 
 struct State {
     core: BucketCore,
     unit: RateUnit,
+    /// Bumped when the unit changes (see the module documentation).
+    epoch: u64,
     waiters: u64,
     shutdown: bool,
     retired: bool,
+    /// Instances whose requests are admitted without waiting (closing).
+    closed: Vec<InstanceId>,
     stats: BucketStats,
+}
+
+impl State {
+    fn cost(&self, size: u64) -> f64 {
+        match self.unit {
+            RateUnit::Bytes => size as f64,
+            RateUnit::Ops => 1.0,
+        }
+    }
+
+    fn is_closed(&self, instance: InstanceId) -> bool {
+        !self.closed.is_empty() && self.closed.contains(&instance)
+    }
 }
 
 /// A blocking, FIFO token bucket.
@@ -171,9 +239,11 @@ impl Bucket {
             state: Mutex::new(State {
                 core: BucketCore::new(now_ns(), rate, burst),
                 unit,
+                epoch: 0,
                 waiters: 0,
                 shutdown: false,
                 retired: false,
+                closed: Vec::new(),
                 stats: BucketStats::default(),
             }),
             cv: Condvar::new(),
@@ -187,9 +257,9 @@ impl Bucket {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits a request of `size` bytes, waiting as long as needed. Returns
-    /// how long it waited.
-    pub(crate) fn acquire(&self, size: u64) -> Result<Duration, Rejection> {
+    /// Admits a request of `size` bytes from `instance`, waiting as long as
+    /// needed. Returns how long it waited.
+    pub(crate) fn acquire(&self, size: u64, instance: InstanceId) -> Result<Duration, Rejection> {
         if self.open.load(Ordering::Relaxed) {
             return Ok(Duration::ZERO);
         }
@@ -198,17 +268,15 @@ impl Bucket {
         if st.shutdown {
             return Err(Rejection::ShutDown);
         }
-        let cost = match st.unit {
-            RateUnit::Bytes => size as f64,
-            RateUnit::Ops => 1.0,
-        };
-        if st.retired || st.core.is_unlimited() || cost == 0.0 {
+        let mut cost = st.cost(size);
+        if st.retired || st.core.is_unlimited() || cost == 0.0 || st.is_closed(instance) {
             return Ok(Duration::ZERO);
         }
         if st.waiters == 0 {
             st.core.rebase();
         }
-        let ticket = st.core.reserve(now, cost);
+        let mut ticket = st.core.reserve(now, cost);
+        let mut epoch = st.epoch;
         st.stats.admitted_tokens += cost;
         if matches!(st.core.ready_at(ticket), Some(t) if t <= now) {
             return Ok(Duration::ZERO);
@@ -220,6 +288,23 @@ impl Bucket {
                 break Err(Rejection::ShutDown);
             }
             if st.retired {
+                break Ok(());
+            }
+            if st.epoch != epoch {
+                // The unit changed: take a place in the new accounting.
+                epoch = st.epoch;
+                cost = st.cost(size);
+                if st.core.is_unlimited() || cost == 0.0 {
+                    break Ok(());
+                }
+                ticket = st.core.reserve(now_ns(), cost);
+                st.stats.admitted_tokens += cost;
+                continue;
+            }
+            if st.is_closed(instance) {
+                // Leave at once, and let the requests behind move up.
+                st.core.cancel(ticket, cost);
+                self.cv.notify_all();
                 break Ok(());
             }
             let t = now_ns();
@@ -240,11 +325,17 @@ impl Bucket {
     }
 
     /// Sets rate (tokens/s, `INFINITY` for unlimited), unit and burst, and
-    /// wakes waiters so they recompute their deadlines.
+    /// wakes waiters so they recompute their deadlines. A change of unit
+    /// starts a new epoch (see the module documentation).
     pub(crate) fn set(&self, rate: f64, unit: RateUnit, burst: f64) {
         let mut st = self.lock();
-        st.core.set(now_ns(), rate, burst);
-        st.unit = unit;
+        if unit == st.unit {
+            st.core.set(now_ns(), rate, burst);
+        } else {
+            st.core = BucketCore::new(now_ns(), rate, burst);
+            st.unit = unit;
+            st.epoch += 1;
+        }
         self.open.store(rate.is_infinite() && !st.shutdown, Ordering::Relaxed);
         drop(st);
         self.cv.notify_all();
@@ -276,6 +367,22 @@ impl Bucket {
         st.retired = true;
         drop(st);
         self.cv.notify_all();
+    }
+
+    /// Admits the requests of `instance` that wait now, and later ones,
+    /// without waiting; the places of the waiters go to those behind them.
+    pub(crate) fn close_instance(&self, instance: InstanceId) {
+        let mut st = self.lock();
+        if !st.closed.contains(&instance) {
+            st.closed.push(instance);
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Subjects `instance`'s requests to the bucket again.
+    pub(crate) fn open_instance(&self, instance: InstanceId) {
+        self.lock().closed.retain(|&i| i != instance);
     }
 }
 
@@ -322,11 +429,55 @@ mod tests {
         assert_eq!(c.ready_at(t), Some(10 * SEC + 10_000_000));
     }
 
+    #[test]
+    fn a_cancelled_waiter_gives_its_place_to_those_behind() {
+        let mut c = BucketCore::new(0, 1000.0, 0.0);
+        let a = c.reserve(0, 500.0);
+        let b = c.reserve(0, 100.0);
+        let z = c.reserve(0, 100.0);
+        assert_eq!(c.ready_at(b), Some(600_000_000));
+        // At 0.2 s, `a` leaves: the 200 tokens made for it go to `b`, which
+        // goes at once, and `z` 0.1 s later.
+        c.cancel(a, 500.0);
+        assert_eq!(c.ready_at(b), Some(100_000_000));
+        assert_eq!(c.ready_at(z), Some(200_000_000));
+        // The last in line leaving shortens the line.
+        c.cancel(z, 100.0);
+        let d = c.reserve(0, 100.0);
+        assert_eq!(c.ready_at(d), Some(200_000_000));
+    }
+
+    #[test]
+    fn cancelling_in_a_closed_bucket_admits_nobody() {
+        let mut c = BucketCore::new(0, 0.0, 0.0);
+        let a = c.reserve(0, 50.0);
+        let b = c.reserve(0, 100.0);
+        c.cancel(b, 100.0);
+        assert_eq!(c.ready_at(a), None);
+        let b = c.reserve(0, 100.0);
+        c.cancel(a, 50.0);
+        assert_eq!(c.ready_at(b), None);
+        c.set(0, 1000.0, 0.0);
+        assert_eq!(c.ready_at(b), Some(100_000_000));
+    }
+
     /// One step of a simulated workload.
     #[derive(Debug, Clone)]
     enum Step {
-        Request { gap_us: u64, cost: f64 },
-        SetRate { gap_us: u64, rate: f64, burst: f64 },
+        Request {
+            gap_us: u64,
+            cost: f64,
+        },
+        SetRate {
+            gap_us: u64,
+            rate: f64,
+            burst: f64,
+        },
+        /// A waiting request (chosen by `pick`) gives its place back.
+        Cancel {
+            gap_us: u64,
+            pick: usize,
+        },
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -334,6 +485,13 @@ mod tests {
             4 => (0u64..20_000, 0.0f64..5_000.0).prop_map(|(gap_us, cost)| Step::Request { gap_us, cost }),
             1 => (0u64..50_000, prop_oneof![Just(0.0), 1.0f64..1e6], 0.0f64..10_000.0)
                 .prop_map(|(gap_us, rate, burst)| Step::SetRate { gap_us, rate, burst }),
+        ]
+    }
+
+    fn step_with_cancels() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => step(),
+            1 => (0u64..20_000, 0usize..64).prop_map(|(gap_us, pick)| Step::Cancel { gap_us, pick }),
         ]
     }
 
@@ -386,6 +544,16 @@ mod tests {
                     let target = now;
                     advance(&c, &mut now, target, &mut pending, &mut admitted);
                 }
+                Step::Cancel { gap_us, pick } => {
+                    let target = now + gap_us * 1000;
+                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    if !pending.is_empty() {
+                        let (_, ticket, cost) = pending.remove(pick % pending.len()).unwrap();
+                        c.cancel(ticket, cost);
+                    }
+                    let target = now;
+                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                }
             }
         }
         (admitted, rates, max_burst, min_burst)
@@ -428,6 +596,33 @@ mod tests {
             prop_assert!(admitted.windows(2).all(|w| w[0].1 <= w[1].1 && w[0].0 <= w[1].0));
         }
 
+        /// With requests leaving the line at random: what the remaining ones
+        /// are admitted never exceeds what the bucket provided since the
+        /// start (the initial burst plus the integral of the rate), they go
+        /// in arrival order, and every one of them goes once the bucket
+        /// is open long enough (no place is lost).
+        #[test]
+        fn cancellations_never_let_more_through_and_lose_no_place(
+            rate0 in 1.0f64..1e6, burst0 in 0.0f64..10_000.0,
+            steps in proptest::collection::vec(step_with_cancels(), 1..80)
+        ) {
+            let mut steps = steps;
+            steps.push(Step::SetRate { gap_us: 0, rate: 1000.0, burst: 0.0 });
+            steps.push(Step::SetRate { gap_us: 1_000_000_000, rate: 1000.0, burst: 0.0 });
+            let (admitted, rates, ..) = simulate(rate0, burst0, &steps);
+            let mut sum = 0.0;
+            for &(_, at, cost) in &admitted {
+                sum += cost;
+                let allowed = integral(&rates, 0, at) + burst0;
+                prop_assert!(sum <= allowed * (1.0 + 1e-9) + 1e-6, "admitted {} by {} ns, provided {}", sum, at, allowed);
+            }
+            prop_assert!(admitted.windows(2).all(|w| w[0].1 <= w[1].1 && w[0].0 <= w[1].0));
+            let requests = steps.iter().filter(|s| matches!(s, Step::Request { .. })).count();
+            let cancels_done = requests - admitted.len();
+            let cancel_steps = steps.iter().filter(|s| matches!(s, Step::Cancel { .. })).count();
+            prop_assert!(cancels_done <= cancel_steps, "{} requests never admitted, {} cancels", cancels_done, cancel_steps);
+        }
+
         /// Every request is admitted once the bucket is open long enough.
         #[test]
         fn open_bucket_admits_everything_eventually(
@@ -447,7 +642,7 @@ mod tests {
     fn closed_bucket_waits_until_opened() {
         let b = Arc::new(Bucket::new(0.0, RateUnit::Bytes, 0.0));
         let b2 = Arc::clone(&b);
-        let h = std::thread::spawn(move || b2.acquire(10));
+        let h = std::thread::spawn(move || b2.acquire(10, InstanceId(0)));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!h.is_finished());
         b.set(1e9, RateUnit::Bytes, 1e6);
@@ -460,7 +655,7 @@ mod tests {
         let hs: Vec<_> = (0..4)
             .map(|_| {
                 let b = Arc::clone(&b);
-                std::thread::spawn(move || b.acquire(10))
+                std::thread::spawn(move || b.acquire(10, InstanceId(0)))
             })
             .collect();
         std::thread::sleep(Duration::from_millis(50));
@@ -468,14 +663,14 @@ mod tests {
         for h in hs {
             assert_eq!(h.join().unwrap(), Err(Rejection::ShutDown));
         }
-        assert_eq!(b.acquire(1), Err(Rejection::ShutDown));
+        assert_eq!(b.acquire(1, InstanceId(0)), Err(Rejection::ShutDown));
     }
 
     #[test]
     fn retire_admits_waiters() {
         let b = Arc::new(Bucket::new(0.0, RateUnit::Ops, 0.0));
         let b2 = Arc::clone(&b);
-        let h = std::thread::spawn(move || b2.acquire(0));
+        let h = std::thread::spawn(move || b2.acquire(0, InstanceId(0)));
         std::thread::sleep(Duration::from_millis(20));
         b.retire();
         assert!(h.join().unwrap().is_ok());

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
 use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, burst_for};
-use crate::context::Context;
+use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Amount, Rate};
 
@@ -138,7 +138,7 @@ impl EnforcementObject for Drl {
 
     #[inline]
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
-        self.bucket.acquire(ctx.size).map(|waited| Outcome { waited })
+        self.bucket.acquire(ctx.size, ctx.instance).map(|waited| Outcome { waited })
     }
 
     fn spec(&self) -> Option<ObjectSpec> {
@@ -155,6 +155,14 @@ impl EnforcementObject for Drl {
 
     fn retire(&self) {
         self.bucket.retire();
+    }
+
+    fn close_instance(&self, instance: InstanceId) {
+        self.bucket.close_instance(instance);
+    }
+
+    fn open_instance(&self, instance: InstanceId) {
+        self.bucket.open_instance(instance);
     }
 }
 

@@ -27,7 +27,7 @@ pub(crate) use bucket::now_ns;
 pub use drl::{Drl, DrlSpec};
 pub use qos::{Qos, QosSpec};
 
-use crate::context::Context;
+use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Amount, Rate};
 
@@ -229,6 +229,15 @@ pub trait EnforcementObject: Send + Sync + 'static {
     /// The object was removed from its stage: requests already inside it
     /// must be released (admitted), not stranded.
     fn retire(&self) {}
+
+    /// `instance` is closing (a DB shutting down): its requests waiting in
+    /// the object must be admitted now, and its later ones without waiting,
+    /// until [`open_instance`](Self::open_instance). An object that can hold
+    /// requests must implement this, or a closing DB may wait on it.
+    fn close_instance(&self, _instance: InstanceId) {}
+
+    /// `instance` is open again: its requests are subject to the object.
+    fn open_instance(&self, _instance: InstanceId) {}
 }
 
 /// Admits every request; the stage counts its ops and bytes.
@@ -319,6 +328,12 @@ impl EnforcementObject for Object {
     }
     fn retire(&self) {
         dispatch!(self, o => o.retire())
+    }
+    fn close_instance(&self, instance: InstanceId) {
+        dispatch!(self, o => o.close_instance(instance))
+    }
+    fn open_instance(&self, instance: InstanceId) {
+        dispatch!(self, o => o.open_instance(instance))
     }
 }
 

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
 use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, burst_for};
-use crate::context::Context;
+use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Rate, RateUnit};
 
@@ -193,8 +193,8 @@ impl EnforcementObject for Qos {
         } else {
             return Ok(Outcome::IMMEDIATE);
         };
-        let a = bw.acquire(ctx.size)?;
-        let b = ops.acquire(ctx.size)?;
+        let a = bw.acquire(ctx.size, ctx.instance)?;
+        let b = ops.acquire(ctx.size, ctx.instance)?;
         Ok(Outcome { waited: a + b })
     }
 
@@ -217,6 +217,14 @@ impl EnforcementObject for Qos {
 
     fn retire(&self) {
         self.buckets().iter().for_each(|b| b.retire());
+    }
+
+    fn close_instance(&self, instance: InstanceId) {
+        self.buckets().iter().for_each(|b| b.close_instance(instance));
+    }
+
+    fn open_instance(&self, instance: InstanceId) {
+        self.buckets().iter().for_each(|b| b.open_instance(instance));
     }
 }
 
