@@ -15,6 +15,7 @@ fn main() {
     build
         .cpp(true)
         .file("cpp/shim.cc")
+        .file("cpp/fault.cc")
         .include("cpp")
         .include(rocksdb.join("include"))
         .include(&rocksdb)
@@ -34,7 +35,8 @@ fn main() {
     }
     build.compile("rocks_env_shim");
 
-    println!("cargo:rerun-if-changed=cpp/shim.cc");
-    println!("cargo:rerun-if-changed=cpp/shim.h");
+    for f in ["cpp/shim.cc", "cpp/shim.h", "cpp/shim_internal.h", "cpp/fault.cc"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
 }

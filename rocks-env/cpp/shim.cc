@@ -1,19 +1,21 @@
-// RocksDB side of rocks-env: a FileSystem wrapper that hands every request to
-// Rust before it happens, and an EventListener that tags the threads running
-// flushes and compactions. See shim.h for the C ABI.
+// RocksDB side of rocks-env: a FileSystem layer that hands every request to
+// Rust before it happens, an Env that reports the background tasks a DB
+// schedules, and an EventListener that reports flushes, compactions and
+// background errors. See shim.h for the C ABI.
 
 #include "shim.h"
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "env/composite_env_wrapper.h"
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/options.h"
+#include "shim_internal.h"
 
 // Private layouts repeated from RocksDB's db/c.cc (11.8.1). The C API hands
 // out pointers to these; building our own Env and reaching an Options' C++
@@ -50,29 +52,19 @@ using rocksdb::IOOptions;
 using rocksdb::IOStatus;
 using rocksdb::Slice;
 
-// kv-stage RequestType discriminants.
-enum Kind : uint8_t {
-  kRead = 0,
-  kWrite = 1,
-  kSync = 2,
-  kOpen = 3,
-  kClose = 4,
-  kDelete = 5,
-  kRename = 6,
-  kTruncate = 7,
-  kMetadata = 8,
-};
+using rocks_env::FileKindOf;
 
-constexpr uint8_t kUnknownActivity = 0xFF;
-
-// What the listener says this thread is doing: the job (flush or
-// compaction) and, inside a compaction, the subcompaction.
-thread_local uint8_t tls_job = ROCKS_ENV_JOB_NONE;
-thread_local uint8_t tls_subjob = ROCKS_ENV_JOB_NONE;
-
-inline uint8_t ThreadJob() {
-  return tls_subjob != ROCKS_ENV_JOB_NONE ? tls_subjob : tls_job;
-}
+constexpr uint8_t kRead = ROCKS_ENV_OP_READ;
+constexpr uint8_t kWrite = ROCKS_ENV_OP_WRITE;
+constexpr uint8_t kSync = ROCKS_ENV_OP_SYNC;
+constexpr uint8_t kFsync = ROCKS_ENV_OP_FSYNC;
+constexpr uint8_t kRangeSync = ROCKS_ENV_OP_RANGE_SYNC;
+constexpr uint8_t kOpen = ROCKS_ENV_OP_OPEN;
+constexpr uint8_t kClose = ROCKS_ENV_OP_CLOSE;
+constexpr uint8_t kDelete = ROCKS_ENV_OP_DELETE;
+constexpr uint8_t kRename = ROCKS_ENV_OP_RENAME;
+constexpr uint8_t kTruncate = ROCKS_ENV_OP_TRUNCATE;
+constexpr uint8_t kLink = ROCKS_ENV_OP_LINK;
 
 // The Rust handle plus its callbacks; the last owner releases the handle.
 class Handle {
@@ -87,29 +79,42 @@ class Handle {
                    const IOOptions* opts) const {
     rocks_env_request req;
     req.size = size;
-    req.kind = kind;
+    req.op = kind;
     req.file_kind = file_kind;
     req.io_activity = opts != nullptr ? static_cast<uint8_t>(opts->io_activity)
-                                      : kUnknownActivity;
-    req.job_ctx = ThreadJob();
+                                      : ROCKS_ENV_ACTIVITY_UNKNOWN;
     char msg[256];
     msg[0] = '\0';
     int32_t rc = cbs_.enforce(handle_, &req, msg, sizeof(msg));
-    if (rc == 0) {
+    if (rc == ROCKS_ENV_ENFORCE_OK) {
       return IOStatus::OK();
     }
     msg[sizeof(msg) - 1] = '\0';
+    if (rc == ROCKS_ENV_ENFORCE_SHUT_DOWN) {
+      // The stage is gone: to RocksDB this is a shutdown, not a device
+      // error (no background error, no retry after a pause).
+      return rocksdb::status_to_io_status(
+          rocksdb::Status::ShutdownInProgress("kv-stage", msg));
+    }
     return IOStatus::IOError("kv-stage refused the request", msg);
   }
 
   void Emit(const rocks_env_event& ev) const { cbs_.event(handle_, &ev); }
+
+  void Emit(uint8_t kind) const {
+    rocks_env_event ev{};
+    ev.kind = kind;
+    Emit(ev);
+  }
 
  private:
   const void* handle_;
   rocks_env_callbacks cbs_;
 };
 
-uint8_t FileKindOf(std::string_view path) {
+}  // namespace
+
+uint8_t rocks_env::FileKindOf(std::string_view path) {
   size_t slash = path.find_last_of('/');
   std::string_view name =
       slash == std::string_view::npos ? path : path.substr(slash + 1);
@@ -122,6 +127,8 @@ uint8_t FileKindOf(std::string_view path) {
   }
   return ROCKS_ENV_FILE_OTHER;
 }
+
+namespace {
 
 class StagedSequentialFile : public FSSequentialFileOwnerWrapper {
  public:
@@ -191,6 +198,14 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
     if (!s.ok()) return s;
     return FSRandomAccessFileOwnerWrapper::ReadAsync(req, opts, cb, cb_arg,
                                                      io_handle, del_fn, dbg);
+  }
+
+  // Readahead into the page cache would read from the device behind the
+  // stage's back (the reads that follow hit the cache). Declining it makes
+  // RocksDB read ahead into its own buffer, through Read above.
+  IOStatus Prefetch(uint64_t, size_t, const IOOptions&,
+                    IODebugContext*) override {
+    return IOStatus::NotSupported("Prefetch");
   }
 
   // The base class reads synchronously through Read (enforced above), so
@@ -268,14 +283,14 @@ class StagedWritableFile : public FSWritableFileOwnerWrapper {
   }
 
   IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kSync, kind_, 0, &options);
+    IOStatus s = h_->Enforce(kFsync, kind_, 0, &options);
     if (!s.ok()) return s;
     return FSWritableFileOwnerWrapper::Fsync(options, dbg);
   }
 
   IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const IOOptions& options,
                      IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kSync, kind_, 0, &options);
+    IOStatus s = h_->Enforce(kRangeSync, kind_, 0, &options);
     if (!s.ok()) return s;
     return FSWritableFileOwnerWrapper::RangeSync(offset, nbytes, options, dbg);
   }
@@ -316,7 +331,7 @@ class StagedRandomRWFile : public FSRandomRWFileOwnerWrapper {
   }
 
   IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kSync, kind_, 0, &options);
+    IOStatus s = h_->Enforce(kFsync, kind_, 0, &options);
     if (!s.ok()) return s;
     return FSRandomRWFileOwnerWrapper::Fsync(options, dbg);
   }
@@ -339,14 +354,14 @@ class StagedDirectory : public FSDirectoryWrapper {
       : FSDirectoryWrapper(std::move(t)), h_(std::move(h)) {}
 
   IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kSync, ROCKS_ENV_FILE_DIR, 0, &options);
+    IOStatus s = h_->Enforce(kFsync, ROCKS_ENV_FILE_DIR, 0, &options);
     if (!s.ok()) return s;
     return FSDirectoryWrapper::Fsync(options, dbg);
   }
 
   IOStatus FsyncWithDirOptions(const IOOptions& options, IODebugContext* dbg,
                                const DirFsyncOptions& dir_opts) override {
-    IOStatus s = h_->Enforce(kSync, ROCKS_ENV_FILE_DIR, 0, &options);
+    IOStatus s = h_->Enforce(kFsync, ROCKS_ENV_FILE_DIR, 0, &options);
     if (!s.ok()) return s;
     return FSDirectoryWrapper::FsyncWithDirOptions(options, dbg, dir_opts);
   }
@@ -355,14 +370,20 @@ class StagedDirectory : public FSDirectoryWrapper {
   std::shared_ptr<const Handle> h_;
 };
 
-class StagedFileSystem : public FileSystemWrapper {
+class HookFileSystem : public FileSystemWrapper {
  public:
-  StagedFileSystem(const std::shared_ptr<FileSystem>& base,
+  HookFileSystem(const std::shared_ptr<FileSystem>& base,
                    std::shared_ptr<const Handle> h)
       : FileSystemWrapper(base), h_(std::move(h)) {}
 
   static const char* kClassName() { return "KvStageFileSystem"; }
   const char* Name() const override { return kClassName(); }
+
+  // No file-system readahead (see StagedRandomAccessFile::Prefetch).
+  void SupportedOps(int64_t& supported_ops) override {
+    target()->SupportedOps(supported_ops);
+    supported_ops &= ~(int64_t{1} << rocksdb::FSSupportedOps::kFSPrefetch);
+  }
 
   IOStatus NewSequentialFile(const std::string& f, const FileOptions& o,
                              std::unique_ptr<FSSequentialFile>* r,
@@ -454,7 +475,7 @@ class StagedFileSystem : public FileSystemWrapper {
 
   IOStatus LinkFile(const std::string& src, const std::string& dst,
                     const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kMetadata, FileKindOf(dst), 0, &options);
+    IOStatus s = h_->Enforce(kLink, FileKindOf(dst), 0, &options);
     if (!s.ok()) return s;
     return target()->LinkFile(src, dst, options, dbg);
   }
@@ -486,66 +507,137 @@ class StagedFileSystem : public FileSystemWrapper {
   std::shared_ptr<const Handle> h_;
 };
 
+// Runs a scheduled task between TASK_BEGIN and TASK_END reports.
+struct ScheduledTask {
+  void (*function)(void*);
+  void* arg;
+  void (*unschedule)(void*);
+  std::shared_ptr<const Handle> h;
+
+  static void Run(void* p) {
+    std::unique_ptr<ScheduledTask> t(static_cast<ScheduledTask*>(p));
+    t->h->Emit(ROCKS_ENV_EVENT_TASK_BEGIN);
+    t->function(t->arg);
+    t->h->Emit(ROCKS_ENV_EVENT_TASK_END);
+  }
+
+  // A task taken off the queue before it ran.
+  static void Unschedule(void* p) {
+    std::unique_ptr<ScheduledTask> t(static_cast<ScheduledTask*>(p));
+    if (t->unschedule != nullptr) t->unschedule(t->arg);
+  }
+};
+
+// The DB's Env: the application's Env for threads, clock and scheduling,
+// the layer stack for files, and a report around every background task.
+class StagedEnv : public rocksdb::CompositeEnvWrapper {
+ public:
+  StagedEnv(rocksdb::Env* base, const std::shared_ptr<FileSystem>& fs,
+            std::shared_ptr<const Handle> h)
+      : rocksdb::CompositeEnvWrapper(base, fs, base->GetSystemClock()),
+        h_(std::move(h)) {}
+
+  static const char* kClassName() { return "KvStageEnv"; }
+  const char* Name() const override { return kClassName(); }
+
+  void Schedule(void (*function)(void* arg), void* arg, Priority pri,
+                void* tag, void (*unschedule)(void* arg)) override {
+    auto* task = new ScheduledTask{function, arg, unschedule, h_};
+    rocksdb::CompositeEnvWrapper::Schedule(&ScheduledTask::Run, task, pri, tag,
+                                           &ScheduledTask::Unschedule);
+  }
+
+ private:
+  std::shared_ptr<const Handle> h_;
+};
+
 class StageListener : public rocksdb::EventListener {
  public:
   explicit StageListener(std::shared_ptr<const Handle> h) : h_(std::move(h)) {}
 
   const char* Name() const override { return "KvStageListener"; }
 
-  void OnFlushBegin(rocksdb::DB*, const rocksdb::FlushJobInfo&) override {
-    tls_job = ROCKS_ENV_JOB_FLUSH;
-    Emit(ROCKS_ENV_EVENT_FLUSH_BEGIN, -1, 0, 0);
+  void OnFlushBegin(rocksdb::DB*, const rocksdb::FlushJobInfo& info) override {
+    rocks_env_event ev = Event(ROCKS_ENV_EVENT_FLUSH_BEGIN, info.job_id);
+    ev.reason = static_cast<uint8_t>(info.flush_reason);
+    h_->Emit(ev);
   }
 
   void OnFlushCompleted(rocksdb::DB*,
                         const rocksdb::FlushJobInfo& info) override {
-    uint64_t size = 0;
+    rocks_env_event ev = Event(ROCKS_ENV_EVENT_FLUSH_COMPLETED, info.job_id);
+    ev.reason = static_cast<uint8_t>(info.flush_reason);
     // The SST the flush wrote is complete now; its size is what the flush
     // produced. A failed stat leaves 0 rather than guessing.
     rocksdb::FileSystem::Default()
-        ->GetFileSize(info.file_path, IOOptions(), &size, nullptr)
+        ->GetFileSize(info.file_path, IOOptions(), &ev.bytes_written, nullptr)
         .PermitUncheckedError();
-    Emit(ROCKS_ENV_EVENT_FLUSH_COMPLETED, -1, size, 0);
-    tls_job = ROCKS_ENV_JOB_NONE;
+    h_->Emit(ev);
   }
 
   void OnCompactionBegin(rocksdb::DB*,
                          const rocksdb::CompactionJobInfo& ci) override {
-    tls_job = JobFor(ci.base_input_level);
-    Emit(ROCKS_ENV_EVENT_COMPACTION_BEGIN, ci.base_input_level, 0, 0);
+    h_->Emit(Compaction(ROCKS_ENV_EVENT_COMPACTION_BEGIN, ci));
   }
 
   void OnCompactionCompleted(rocksdb::DB*,
                              const rocksdb::CompactionJobInfo& ci) override {
-    Emit(ROCKS_ENV_EVENT_COMPACTION_COMPLETED, ci.base_input_level,
-         ci.stats.total_output_bytes + ci.stats.total_output_bytes_blob,
-         ci.stats.total_input_bytes);
-    tls_job = ROCKS_ENV_JOB_NONE;
+    rocks_env_event ev = Compaction(ROCKS_ENV_EVENT_COMPACTION_COMPLETED, ci);
+    ev.bytes_written =
+        ci.stats.total_output_bytes + ci.stats.total_output_bytes_blob;
+    ev.bytes_read = ci.stats.total_input_bytes;
+    h_->Emit(ev);
   }
 
-  // Subcompactions run on other threads: tag them, but report nothing (the
-  // compaction they belong to is counted once).
+  // Subcompactions run on other threads; the compaction they belong to is
+  // counted once, by its own begin and completion.
   void OnSubcompactionBegin(const rocksdb::SubcompactionJobInfo& si) override {
-    tls_subjob = JobFor(si.base_input_level);
+    h_->Emit(Subcompaction(ROCKS_ENV_EVENT_SUBCOMPACTION_BEGIN, si));
   }
 
-  void OnSubcompactionCompleted(const rocksdb::SubcompactionJobInfo&) override {
-    tls_subjob = ROCKS_ENV_JOB_NONE;
+  void OnSubcompactionCompleted(
+      const rocksdb::SubcompactionJobInfo& si) override {
+    h_->Emit(Subcompaction(ROCKS_ENV_EVENT_SUBCOMPACTION_COMPLETED, si));
+  }
+
+  // Called on the thread whose job failed (or the writer whose WAL write
+  // failed). The error is reported, not changed.
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason,
+                         rocksdb::Status* bg_error) override {
+    rocks_env_event ev = Event(ROCKS_ENV_EVENT_BACKGROUND_ERROR, -1);
+    ev.reason = static_cast<uint8_t>(reason);
+    std::string message =
+        bg_error != nullptr ? bg_error->ToString() : std::string("unknown");
+    ev.message = message.c_str();
+    h_->Emit(ev);
   }
 
  private:
-  static uint8_t JobFor(int base_input_level) {
-    return base_input_level == 0 ? ROCKS_ENV_JOB_COMPACTION_L0
-                                 : ROCKS_ENV_JOB_COMPACTION_LN;
+  static rocks_env_event Event(uint8_t kind, int job_id) {
+    rocks_env_event ev{};
+    ev.kind = kind;
+    ev.job_id = job_id;
+    ev.base_input_level = -1;
+    ev.output_level = 0;
+    return ev;
   }
 
-  void Emit(uint8_t kind, int base, uint64_t written, uint64_t read) {
-    rocks_env_event ev;
-    ev.kind = kind;
-    ev.base_input_level = base;
-    ev.bytes_written = written;
-    ev.bytes_read = read;
-    h_->Emit(ev);
+  static rocks_env_event Compaction(uint8_t kind,
+                                    const rocksdb::CompactionJobInfo& ci) {
+    rocks_env_event ev = Event(kind, ci.job_id);
+    ev.reason = static_cast<uint8_t>(ci.compaction_reason);
+    ev.base_input_level = ci.base_input_level;
+    ev.output_level = ci.output_level;
+    return ev;
+  }
+
+  static rocks_env_event Subcompaction(
+      uint8_t kind, const rocksdb::SubcompactionJobInfo& si) {
+    rocks_env_event ev = Event(kind, si.job_id);
+    ev.reason = static_cast<uint8_t>(si.compaction_reason);
+    ev.base_input_level = si.base_input_level;
+    ev.output_level = si.output_level;
+    return ev;
   }
 
   std::shared_ptr<const Handle> h_;
@@ -555,12 +647,34 @@ class StageListener : public rocksdb::EventListener {
 
 extern "C" {
 
-rocksdb_env_t* rocks_env_create(const void* handle,
+rocks_env_fs_t* rocks_env_fs_of_options(const rocksdb_options_t* options,
+                                        int32_t* is_staged) {
+  rocksdb::Env* env =
+      options->rep.env != nullptr ? options->rep.env : rocksdb::Env::Default();
+  std::shared_ptr<FileSystem> fs = env->GetFileSystem();
+  if (is_staged != nullptr) {
+    *is_staged = dynamic_cast<const HookFileSystem*>(fs.get()) != nullptr;
+  }
+  return new rocks_env_fs_t{std::move(fs)};
+}
+
+rocks_env_fs_t* rocks_env_fs_hook(const rocks_env_fs_t* below,
+                                  const void* handle,
+                                  const rocks_env_callbacks* callbacks) {
+  auto h = std::make_shared<const Handle>(handle, *callbacks);
+  return new rocks_env_fs_t{std::make_shared<HookFileSystem>(below->fs, h)};
+}
+
+void rocks_env_fs_destroy(rocks_env_fs_t* fs) { delete fs; }
+
+rocksdb_env_t* rocks_env_create(const rocksdb_options_t* options,
+                                const rocks_env_fs_t* fs, const void* handle,
                                 const rocks_env_callbacks* callbacks) {
   auto h = std::make_shared<const Handle>(handle, *callbacks);
-  auto fs = std::make_shared<StagedFileSystem>(FileSystem::Default(), h);
+  rocksdb::Env* base =
+      options->rep.env != nullptr ? options->rep.env : rocksdb::Env::Default();
   rocksdb_env_t* env = new rocksdb_env_t;
-  env->rep = rocksdb::NewCompositeEnv(fs).release();
+  env->rep = new StagedEnv(base, fs->fs, std::move(h));
   env->is_default = false;
   return env;
 }
@@ -586,7 +700,7 @@ int32_t rocks_env_probe_env_is_default(const rocksdb_env_t* env) {
 int32_t rocks_env_probe_env_is_ours(const rocksdb_env_t* env) {
   if (env == nullptr || env->rep == nullptr) return 0;
   const auto& fs = env->rep->GetFileSystem();
-  return dynamic_cast<const StagedFileSystem*>(fs.get()) != nullptr ? 1 : 0;
+  return dynamic_cast<const HookFileSystem*>(fs.get()) != nullptr ? 1 : 0;
 }
 
 }  // extern "C"

@@ -1,10 +1,21 @@
 // C ABI between RocksDB (C++) and rocks-env (Rust).
 //
-// The shim wraps RocksDB's default FileSystem so every data call (reads,
-// appends, syncs) and every metadata call (create, delete, rename) is handed
-// to Rust before it happens, and installs an EventListener that tags the
-// threads doing flushes and compactions. Rust decides the request context and
-// enforces it through a kv-stage Stage; the shim never decides policy.
+// The shim builds, per DB, a stack of FileSystem layers over the file system
+// of the Env the application gave (RocksDB's default one when it gave
+// none):
+//
+//   hook layer (the stage)  -> [hook layer (emulated device)]
+//                           -> [fault layer (tests)] -> the application's FS
+//
+// A hook layer hands every data call (reads, appends, syncs) and every
+// metadata call (open, close, delete, rename) to Rust before it happens, and
+// fails the call with the message Rust returns. An Env over that stack
+// reports the start and end of every background task the DB schedules, and
+// an EventListener reports flushes, compactions and background errors. Rust
+// decides what each request is and enforces it; the shim decides nothing.
+//
+// The numbers below are a wire format, decoded in rocks-env/src/wire.rs;
+// a test there checks that this header and the Rust side agree.
 
 #ifndef ROCKS_ENV_SHIM_H
 #define ROCKS_ENV_SHIM_H
@@ -18,12 +29,19 @@
 extern "C" {
 #endif
 
-// What the listener says the calling thread is doing.
-enum rocks_env_job_ctx {
-  ROCKS_ENV_JOB_NONE = 0,
-  ROCKS_ENV_JOB_FLUSH = 1,
-  ROCKS_ENV_JOB_COMPACTION_L0 = 2,  // base input level 0 (L0->L1, intra-L0)
-  ROCKS_ENV_JOB_COMPACTION_LN = 3,  // base input level >= 1
+// What a request does.
+enum rocks_env_op {
+  ROCKS_ENV_OP_READ = 0,
+  ROCKS_ENV_OP_WRITE = 1,
+  ROCKS_ENV_OP_SYNC = 2,        // Sync (fdatasync)
+  ROCKS_ENV_OP_FSYNC = 3,       // Fsync, and a directory's fsync
+  ROCKS_ENV_OP_RANGE_SYNC = 4,  // RangeSync (sync_file_range)
+  ROCKS_ENV_OP_OPEN = 5,        // open or create a file or directory
+  ROCKS_ENV_OP_CLOSE = 6,
+  ROCKS_ENV_OP_DELETE = 7,
+  ROCKS_ENV_OP_RENAME = 8,
+  ROCKS_ENV_OP_TRUNCATE = 9,
+  ROCKS_ENV_OP_LINK = 10,
 };
 
 // Which file a request is for, from its name.
@@ -37,35 +55,54 @@ enum rocks_env_file_kind {
   ROCKS_ENV_FILE_DIR = 6,
 };
 
-// One request. `kind` uses kv-stage's RequestType discriminants
-// (0 read, 1 write, 2 sync, 3 open, 4 close, 5 delete, 6 rename,
-// 7 truncate, 8 metadata).
+// `io_activity` when the call carried no IOOptions.
+#define ROCKS_ENV_ACTIVITY_UNKNOWN 0xFF
+
+// One request.
 typedef struct rocks_env_request {
   uint64_t size;
-  uint8_t kind;
-  uint8_t file_kind;
-  uint8_t io_activity;  // rocksdb::Env::IOActivity, 0xFF when unknown
-  uint8_t job_ctx;      // rocks_env_job_ctx of the calling thread
+  uint8_t op;           // rocks_env_op
+  uint8_t file_kind;    // rocks_env_file_kind
+  uint8_t io_activity;  // rocksdb::Env::IOActivity, or ROCKS_ENV_ACTIVITY_UNKNOWN
 } rocks_env_request;
 
-// Flush and compaction jobs beginning and ending. Subcompactions only set
-// the thread's job tag; the compaction they belong to is counted once.
+// What the listener and the Env report.
 enum rocks_env_event_kind {
   ROCKS_ENV_EVENT_FLUSH_BEGIN = 1,
   ROCKS_ENV_EVENT_FLUSH_COMPLETED = 2,
   ROCKS_ENV_EVENT_COMPACTION_BEGIN = 3,
   ROCKS_ENV_EVENT_COMPACTION_COMPLETED = 4,
+  ROCKS_ENV_EVENT_SUBCOMPACTION_BEGIN = 5,
+  ROCKS_ENV_EVENT_SUBCOMPACTION_COMPLETED = 6,
+  // A background task the DB scheduled (flush, compaction, purge, ...)
+  // starts or ends on the calling thread.
+  ROCKS_ENV_EVENT_TASK_BEGIN = 7,
+  ROCKS_ENV_EVENT_TASK_END = 8,
+  ROCKS_ENV_EVENT_BACKGROUND_ERROR = 9,
 };
 
 typedef struct rocks_env_event {
   uint8_t kind;              // rocks_env_event_kind
+  uint8_t reason;            // FlushReason, CompactionReason or
+                             // BackgroundErrorReason, by kind
+  int32_t job_id;            // flushes and compactions
   int32_t base_input_level;  // compactions; -1 for flushes
-  uint64_t bytes_written;    // completed: SST bytes the job produced
+  int32_t output_level;      // compactions; 0 for flushes
+  uint64_t bytes_written;    // completed: bytes the job produced
   uint64_t bytes_read;       // completed compactions: input bytes
+  const char* message;  // background errors: the status (valid during the call)
 } rocks_env_event;
 
-// Returns 0 to let the request go on; non-zero fails it with the message
-// written (NUL-terminated, truncated) into `msg`.
+// What an enforce callback returns.
+enum rocks_env_enforce_result {
+  ROCKS_ENV_ENFORCE_OK = 0,       // the request goes on
+  ROCKS_ENV_ENFORCE_REFUSED = 1,  // fails as an I/O error with `msg`
+  ROCKS_ENV_ENFORCE_PANIC = 2,    // the callback failed; an I/O error
+  ROCKS_ENV_ENFORCE_SHUT_DOWN = 3,  // the stage is shut down
+};
+
+// Returns a rocks_env_enforce_result; on failure the message is written
+// (NUL-terminated, truncated) into `msg`.
 typedef int32_t (*rocks_env_enforce_fn)(const void* handle,
                                         const rocks_env_request* req, char* msg,
                                         size_t msg_len);
@@ -80,21 +117,82 @@ typedef struct rocks_env_callbacks {
   rocks_env_release_fn release;
 } rocks_env_callbacks;
 
-// A new Env whose FileSystem wraps FileSystem::Default(). Takes one
-// reference to `handle` (released with `release` when the Env is destroyed
-// through rocksdb_env_destroy). Never returns NULL.
-rocksdb_env_t* rocks_env_create(const void* handle,
+// A file system layer (a shared reference to a rocksdb::FileSystem).
+typedef struct rocks_env_fs_t rocks_env_fs_t;
+
+// The file system of the Env `options` carry (the default Env's when the
+// application set none). Writes 1 into `*is_staged` when that file system
+// is already a hook layer of this shim.
+rocks_env_fs_t* rocks_env_fs_of_options(const rocksdb_options_t* options,
+                                        int32_t* is_staged);
+
+// A hook layer over `below`. Takes one reference to `handle`, released with
+// `release` when the layer is destroyed.
+rocks_env_fs_t* rocks_env_fs_hook(const rocks_env_fs_t* below,
+                                  const void* handle,
+                                  const rocks_env_callbacks* callbacks);
+
+void rocks_env_fs_destroy(rocks_env_fs_t* fs);
+
+// A new Env whose file system is `fs` and whose threads, clock and task
+// scheduling are those of the Env `options` carry; every task it schedules
+// is reported to `handle` (TASK_BEGIN / TASK_END). Takes one reference to
+// `handle`. Destroy it with rocksdb_env_destroy. Never returns NULL.
+rocksdb_env_t* rocks_env_create(const rocksdb_options_t* options,
+                                const rocks_env_fs_t* fs, const void* handle,
                                 const rocks_env_callbacks* callbacks);
 
-// Adds the tagging EventListener to `options`. Takes one reference to
+// Adds the reporting EventListener to `options`. Takes one reference to
 // `handle`, released when the last copy of the options (and every DB opened
 // with them) is gone.
 void rocks_env_add_listener(rocksdb_options_t* options, const void* handle,
                             const rocks_env_callbacks* callbacks);
 
-// Layout probes for the private rocksdb_options_t / rocksdb_env_t structs
-// this shim repeats from db/c.cc. A test compares them with values set
-// through the public C API; a mismatch means the layouts changed.
+// ---- fault injection (tests) ---------------------------------------------
+
+typedef struct rocks_env_fault_t rocks_env_fault_t;
+
+// Fails matching operations: `ops` is a mask of (1 << rocks_env_op),
+// `files` of (1 << rocks_env_file_kind) (0: any file), `activity` an
+// IOActivity value (-1: any). The first `skip` matching operations pass;
+// the next `count` fail (UINT64_MAX: all of them).
+typedef struct rocks_env_fault_rule {
+  uint32_t ops;
+  uint32_t files;
+  int32_t activity;
+  uint64_t skip;
+  uint64_t count;
+} rocks_env_fault_rule;
+
+typedef struct rocks_env_fault_report {
+  uint64_t files_truncated;
+  uint64_t bytes_dropped;
+  uint64_t files_removed;
+  uint64_t renames_undone;
+} rocks_env_fault_report;
+
+rocks_env_fault_t* rocks_env_fault_new(void);
+void rocks_env_fault_free(rocks_env_fault_t* fault);
+// Replaces the rule (NULL: no rule).
+void rocks_env_fault_set_rule(rocks_env_fault_t* fault,
+                              const rocks_env_fault_rule* rule);
+uint64_t rocks_env_fault_injected(const rocks_env_fault_t* fault);
+// From now on every operation fails.
+void rocks_env_fault_power_cut(rocks_env_fault_t* fault);
+// Drops what a power cut loses (see fault.cc) and lets operations through
+// again; 0 on success, else non-zero with a message in `msg`.
+int32_t rocks_env_fault_recover(rocks_env_fault_t* fault,
+                                rocks_env_fault_report* report, char* msg,
+                                size_t msg_len);
+// A fault layer over `below`.
+rocks_env_fs_t* rocks_env_fs_fault(const rocks_env_fs_t* below,
+                                   const rocks_env_fault_t* fault);
+
+// ---- layout probes ---------------------------------------------------------
+
+// Read the private rocksdb_options_t / rocksdb_env_t structs this shim
+// repeats from db/c.cc. A test compares them with values set through the
+// public C API; a mismatch means the layouts changed.
 uint64_t rocks_env_probe_write_buffer_size(const rocksdb_options_t* options);
 size_t rocks_env_probe_listener_count(const rocksdb_options_t* options);
 int32_t rocks_env_probe_env_is_default(const rocksdb_env_t* env);

@@ -11,7 +11,8 @@ use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode};
 use crate::device::{Device, DeviceStats};
 use crate::env::{add_listener, staged_env};
 use crate::error::Result;
-use crate::io::{DbIo, IoStats, JobStats};
+use crate::fault::FaultInjection;
+use crate::io::{BackgroundErrors, DbIo, IoStats, JobStats};
 use crate::layout::RocksLayout;
 
 /// Builds a [`StagedDb`].
@@ -32,15 +33,25 @@ pub struct StagedDbBuilder {
     options: rocksdb::Options,
     stage: Option<Arc<Stage>>,
     device: Option<Arc<Device>>,
+    fault: Option<Arc<FaultInjection>>,
     instance: InstanceId,
     column_families: Vec<(String, rocksdb::Options)>,
 }
 
 impl StagedDbBuilder {
     /// Starts from RocksDB options (used as given; the builder only adds its
-    /// Env and event listener to a copy).
+    /// Env and event listener to a copy). If the options carry an Env (say
+    /// `rocksdb::Env::mem_env()`), the DB keeps using it: the stage wraps
+    /// that Env's file system, and its threads and clock stay.
     pub fn new(options: rocksdb::Options) -> Self {
-        StagedDbBuilder { options, stage: None, device: None, instance: InstanceId(0), column_families: Vec::new() }
+        StagedDbBuilder {
+            options,
+            stage: None,
+            device: None,
+            fault: None,
+            instance: InstanceId(0),
+            column_families: Vec::new(),
+        }
     }
 
     /// The stage to enforce through. Default: a new stage with the
@@ -50,14 +61,23 @@ impl StagedDbBuilder {
         self
     }
 
-    /// An emulated device below the stage. Default: none.
+    /// An emulated device, in a layer below the stage. Default: none (no
+    /// such layer).
     pub fn device(mut self, device: Arc<Device>) -> Self {
         self.device = Some(device);
         self
     }
 
-    /// The instance id this DB's requests carry (for stages shared by
-    /// several DBs). Default: 0.
+    /// A fault injector, in a layer below the stage and the device, over
+    /// the files. For tests. Default: none (no such layer).
+    pub fn fault_injection(mut self, fault: Arc<FaultInjection>) -> Self {
+        self.fault = Some(fault);
+        self
+    }
+
+    /// The instance id this DB's requests carry. DBs that share a stage need
+    /// distinct ids: opening a second DB under an id that is open on the
+    /// stage fails. Default: 0.
     pub fn instance(mut self, instance: InstanceId) -> Self {
         self.instance = instance;
         self
@@ -81,9 +101,12 @@ impl StagedDbBuilder {
                 s
             }
         };
-        let io = DbIo::new(stage, self.instance, self.device);
+        stage.open_instance(self.instance, &path.display().to_string())?;
+        let io = DbIo::new(stage, self.instance);
+        // If anything below fails, the instance is given back.
+        let guard = OpenGuard(&io);
         let mut options = self.options.clone();
-        let env = staged_env(&io);
+        let env = staged_env(&options, &io, self.device.as_ref(), self.fault.as_deref())?;
         options.set_env(&env);
         add_listener(&mut options, &io);
         let db = if self.column_families.is_empty() {
@@ -92,20 +115,45 @@ impl StagedDbBuilder {
             let cfs = self.column_families.into_iter().map(|(name, o)| ColumnFamilyDescriptor::new(name, o));
             DB::open_cf_descriptors(&options, &path, cfs)?
         };
-        Ok(StagedDb { db: Some(db), _options: options, _env: env, io, path })
+        std::mem::forget(guard);
+        Ok(StagedDb {
+            db: Some(db),
+            _options: options,
+            _env: env,
+            _user_options: self.options,
+            device: self.device,
+            io,
+            path,
+        })
+    }
+}
+
+/// Closes the instance again when an open fails half-way.
+struct OpenGuard<'a>(&'a Arc<DbIo>);
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set_closing();
+        self.0.closed();
     }
 }
 
 /// A RocksDB `DB` whose every file-system request goes through a stage.
 ///
-/// Derefs to [`rocksdb::DB`], so the whole rocksdb API is available. While
-/// the DB closes (on drop), requests are still counted but no longer held by
-/// the stage, so closing never waits on a throttled limiter.
+/// Derefs to [`rocksdb::DB`], so the whole rocksdb API is available. On
+/// drop the DB's instance is closed on the stage first: its requests that
+/// wait in any object are admitted at once and later ones are not held, so
+/// closing never waits on a throttled limiter (not even at rate 0). Jobs
+/// RocksDB never reported as completed are then retired.
 pub struct StagedDb {
     // Dropped first: the DB closes before its options, Env and handle go.
     db: Option<DB>,
     _options: rocksdb::Options,
     _env: rocksdb::Env,
+    /// The application's options as given: they keep its Env alive, which
+    /// the staged Env runs on.
+    _user_options: rocksdb::Options,
+    device: Option<Arc<Device>>,
     io: Arc<DbIo>,
     path: PathBuf,
 }
@@ -153,12 +201,18 @@ impl StagedDb {
 
     /// The emulated device's statistics, when there is one.
     pub fn device_stats(&self) -> Option<DeviceStats> {
-        self.io.device().map(|d| d.stats())
+        self.device.as_ref().map(|d| d.stats())
     }
 
     /// Requests the stage refused (each became an I/O error in RocksDB).
     pub fn refused_requests(&self) -> u64 {
         self.io.refused()
+    }
+
+    /// Background errors RocksDB reported (failed flushes, compactions,
+    /// MANIFEST or WAL writes).
+    pub fn background_errors(&self) -> BackgroundErrors {
+        self.io.background_errors()
     }
 }
 
@@ -173,6 +227,7 @@ impl Drop for StagedDb {
     fn drop(&mut self) {
         self.io.set_closing();
         drop(self.db.take());
+        self.io.closed();
     }
 }
 

@@ -1,5 +1,7 @@
 //! An emulated storage device for benchmarks: one FIFO token bucket that
-//! every byte RocksDB reads or writes passes, *below* the stage's objects.
+//! every byte RocksDB reads or writes passes, in a file system layer of its
+//! own *below* the stage's (see `cpp/shim.h`): a DB opened without a device
+//! has no such layer, and its requests never meet this code.
 //!
 //! This machine's real disk is far faster than its CPUs can drive RocksDB,
 //! so the contention SILK manages (flushes and compactions competing with
@@ -11,10 +13,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kv_stage::{Context, Drl, DrlSpec, EnforcementObject, ObjectConfig, Rate, RateUnit, RequestType};
+use kv_stage::{Context, Drl, DrlSpec, EnforceError, EnforcementObject, ObjectConfig, Rate, RateUnit, RequestType};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::ffi::Sink;
+use crate::wire::Request;
 
 /// How much transfer time the device can bank while idle.
 const BURST: Duration = Duration::from_millis(1);
@@ -88,18 +92,15 @@ impl Device {
         Ok(())
     }
 
-    /// Waits for the transfer of a read or write, in pieces of at most
-    /// [`DEVICE_CHUNK`] bytes; other requests are free.
-    pub(crate) fn charge(&self, ctx: &Context) {
-        if !matches!(ctx.request_type, RequestType::Read | RequestType::Write) {
-            return;
-        }
-        let mut left = ctx.size;
+    /// Waits for the transfer of `size` bytes, in pieces of at most
+    /// [`DEVICE_CHUNK`] bytes.
+    fn transfer(&self, size: u64) {
+        let mut left = size;
         while left > 0 {
             let piece = left.min(DEVICE_CHUNK);
             // The device's bucket is never shut down or closed, so it admits
             // every piece after its transfer time.
-            let _ = self.drl.enforce(&Context { size: piece, ..*ctx });
+            let _ = self.drl.enforce(&Context::new(RequestType::Write, piece));
             left -= piece;
         }
     }
@@ -111,9 +112,20 @@ impl Device {
     }
 }
 
+/// Reads and writes (and readahead) move data; syncs and metadata are free.
+impl Sink for Device {
+    fn enforce(&self, req: &Request) -> std::result::Result<(), EnforceError> {
+        if matches!(req.op.request_type(), RequestType::Read | RequestType::Write) {
+            self.transfer(req.size);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{Activity, FileKind, FileOp};
     use std::time::Instant;
 
     #[test]
@@ -121,15 +133,16 @@ mod tests {
         let d = Device::parse("10MB/s").unwrap();
         let t = Instant::now();
         // 1 MB beyond the 10 KB burst takes about 100 ms.
+        let req = |op, size| Request { op, file: FileKind::Sst, activity: Activity::Other, size };
         for _ in 0..100 {
-            d.charge(&Context::new(RequestType::Write, 10_000));
+            d.enforce(&req(FileOp::Write, 10_000)).unwrap();
         }
         assert!(t.elapsed() >= Duration::from_millis(98), "{:?}", t.elapsed());
         assert!(d.stats().waits > 0);
-        // Syncs and metadata are free: they never queue.
+        // Syncs and metadata are free: they never queue, whatever their size.
         let waits = d.stats().waits;
-        d.charge(&Context::new(RequestType::Sync, 0));
-        d.charge(&Context::new(RequestType::Open, 0));
+        d.enforce(&req(FileOp::Sync, 1 << 30)).unwrap();
+        d.enforce(&req(FileOp::Open, 1 << 30)).unwrap();
         assert_eq!(d.stats().waits, waits);
     }
 

@@ -1,38 +1,95 @@
-//! Building the RocksDB `Env` and listener that carry a DB's handle into the
-//! C++ shim, and the probes of the private C-API layouts the shim relies on.
+//! Building a DB's file system stack, Env and listener in the C++ shim
+//! (the `unsafe` sites), and the probes of the private C-API layouts the
+//! shim relies on.
 
 use std::sync::Arc;
 
 use rocksdb::AsRawPtr;
 
-use crate::ffi;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::fault::FaultInjection;
+use crate::ffi::{self, RawFs, Sink, Vtable};
 use crate::io::DbIo;
 
-/// A RocksDB `Env` whose file system sends every request through `io`.
-#[expect(unsafe_code, reason = "creating an Env in the shim and handing it to the rocksdb crate")]
-pub(crate) fn staged_env(io: &Arc<DbIo>) -> rocksdb::Env {
-    let handle = io.raw_reference();
-    // SAFETY: `handle` is one strong reference to a live `DbIo`, which the
-    // shim owns from now on and gives back through the release callback.
-    // `CALLBACKS` is a static. The shim never returns null.
-    let raw = unsafe { ffi::rocks_env_create(handle, &ffi::CALLBACKS) };
-    // SAFETY: `raw` is a fresh `rocksdb_env_t` whose `rep` is owned (not the
-    // default env); `Env` takes ownership and destroys it exactly once with
-    // `rocksdb_env_destroy`, which deletes `rep` and with it the wrapper.
-    unsafe { rocksdb::Env::from_raw(raw) }
+/// An owned `rocks_env_fs_t`.
+struct Fs(*mut RawFs);
+
+impl Drop for Fs {
+    #[expect(unsafe_code, reason = "destroying a file system layer the shim created")]
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from one of the shim's `rocks_env_fs_*`
+        // constructors and is destroyed exactly once, here.
+        unsafe { ffi::rocks_env_fs_destroy(self.0) }
+    }
 }
 
-/// Adds the tagging event listener to `options`.
+impl Fs {
+    /// A hook layer over `self` that hands requests to `sink`.
+    #[expect(unsafe_code, reason = "stacking a hook layer in the shim")]
+    fn hook<S: Sink>(&self, sink: &Arc<S>) -> Fs {
+        let handle = ffi::raw_reference(sink);
+        // SAFETY: `self.0` is a live layer; `handle` is one strong reference
+        // the new layer owns and gives back through the release callback;
+        // the shim copies the callbacks.
+        Fs(unsafe { ffi::rocks_env_fs_hook(self.0, handle, &Vtable::<S>::CALLBACKS) })
+    }
+}
+
+/// A RocksDB `Env` for `io`'s DB: the Env `options` carry (RocksDB's
+/// default when they carry none) for threads, clock and scheduling, and for
+/// files the stack: the stage's hook layer, then the emulated device's and
+/// the fault injector's when given, over that Env's own file system.
+#[expect(unsafe_code, reason = "building the layer stack and Env in the shim")]
+pub(crate) fn staged_env(
+    options: &rocksdb::Options,
+    io: &Arc<DbIo>,
+    device: Option<&Arc<Device>>,
+    fault: Option<&FaultInjection>,
+) -> Result<rocksdb::Env> {
+    let mut is_staged = 0i32;
+    // SAFETY: `as_raw_ptr` returns the live `rocksdb_options_t` owned by
+    // `options`, borrowed for the call, which only reads its Env pointer.
+    let base = Fs(unsafe { ffi::rocks_env_fs_of_options(options.as_raw_ptr(), &mut is_staged) });
+    if is_staged != 0 {
+        return Err(Error::Config(
+            "the options already carry a staged Env (from another StagedDb); give the builder options with \
+             the Env you want staged, or none"
+                .into(),
+        ));
+    }
+    let mut fs = base;
+    if let Some(f) = fault {
+        // SAFETY: `fs` is a live layer and `f` a live injector; the new
+        // layer holds its own reference to the injector's state.
+        fs = Fs(unsafe { ffi::rocks_env_fs_fault(fs.0, f.raw()) });
+    }
+    if let Some(d) = device {
+        fs = fs.hook(d);
+    }
+    let fs = fs.hook(io);
+    let handle = ffi::raw_reference(io);
+    // SAFETY: `options` and `fs` are live for the call; the Env takes its
+    // own reference to the file system and owns `handle` (one strong
+    // reference, given back through the release callback).
+    let raw = unsafe { ffi::rocks_env_create(options.as_raw_ptr(), fs.0, handle, &Vtable::<DbIo>::CALLBACKS) };
+    // SAFETY: `raw` is a fresh `rocksdb_env_t` whose `rep` is owned (not
+    // the default env); `Env` takes ownership and destroys it exactly once
+    // with `rocksdb_env_destroy`, which deletes `rep` and with it the stack.
+    Ok(unsafe { rocksdb::Env::from_raw(raw) })
+}
+
+/// Adds the reporting event listener to `options`.
 #[expect(unsafe_code, reason = "pushing a listener onto the C++ Options behind the rocksdb crate's handle")]
 pub(crate) fn add_listener(options: &mut rocksdb::Options, io: &Arc<DbIo>) {
-    let handle = io.raw_reference();
+    let handle = ffi::raw_reference(io);
     // SAFETY: `as_raw_ptr` returns the live `rocksdb_options_t` owned by
     // `options`, which we borrow mutably; the shim appends a listener holding
     // one strong reference to `io` (given back when the last copy of the
-    // listener is destroyed).
+    // listener is destroyed) and copies the callbacks.
     unsafe {
         let raw = options.as_raw_ptr();
-        ffi::rocks_env_add_listener(raw, handle, &ffi::CALLBACKS);
+        ffi::rocks_env_add_listener(raw, handle, &Vtable::<DbIo>::CALLBACKS);
     }
 }
 
@@ -87,6 +144,7 @@ pub fn probe_env(env: &rocksdb::Env) -> EnvProbe {
 
 /// A staged `Env` for a throw-away handle, for the layout test.
 pub fn probe_staged_env() -> EnvProbe {
-    let io = DbIo::new(Arc::new(kv_stage::Stage::new("probe")), kv_stage::InstanceId(0), None);
-    probe_env(&staged_env(&io))
+    let io = DbIo::new(Arc::new(kv_stage::Stage::new("probe")), kv_stage::InstanceId(0));
+    let env = staged_env(&rocksdb::Options::default(), &io, None, None).expect("default options carry no staged Env");
+    probe_env(&env)
 }

@@ -2,40 +2,41 @@
 //!
 //! Every function here that crosses the boundary is `extern "C"`, catches
 //! panics (a panic must never unwind into C++), and turns failures into a
-//! status code plus a message.
+//! status code plus a message. What a callback means is decided behind the
+//! [`Sink`] trait; raw structs are decoded by [`crate::wire`].
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{CStr, c_char, c_void};
+use std::fmt::Write as _;
+use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use crate::io::DbIo;
+use kv_stage::{EnforceError, EnforceErrorKind};
 
-/// `rocks_env_request` (shim.h).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RawRequest {
-    pub(crate) size: u64,
-    pub(crate) kind: u8,
-    pub(crate) file_kind: u8,
-    pub(crate) io_activity: u8,
-    pub(crate) job_ctx: u8,
-}
+use crate::wire::{
+    ENFORCE_OK, ENFORCE_PANIC, ENFORCE_REFUSED, ENFORCE_SHUT_DOWN, Event, RawEvent, RawFaultReport, RawFaultRule,
+    RawRequest, Request,
+};
 
-/// `rocks_env_event` (shim.h).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RawEvent {
-    pub(crate) kind: u8,
-    pub(crate) base_input_level: i32,
-    pub(crate) bytes_written: u64,
-    pub(crate) bytes_read: u64,
+/// What a hook layer hands requests to and the Env and listener report
+/// events to: the stage's per-DB handle, or a layer below it (the emulated
+/// device).
+pub(crate) trait Sink: Send + Sync + 'static {
+    /// Decides one request before it happens; an error fails it in RocksDB
+    /// with the error's message.
+    fn enforce(&self, req: &Request) -> Result<(), EnforceError>;
+
+    /// A flush, compaction, task or background error (layers below the
+    /// stage receive none).
+    fn on_event(&self, _ev: Event) {}
 }
 
 type EnforceFn = extern "C" fn(*const c_void, *const RawRequest, *mut c_char, usize) -> i32;
 type EventFn = extern "C" fn(*const c_void, *const RawEvent);
 type ReleaseFn = extern "C" fn(*const c_void);
 
-/// `rocks_env_callbacks` (shim.h).
+/// `rocks_env_callbacks` (shim.h). The shim copies it, so it only needs to
+/// live for the call it is passed to.
 #[repr(C)]
 pub(crate) struct Callbacks {
     enforce: EnforceFn,
@@ -43,12 +44,42 @@ pub(crate) struct Callbacks {
     release: ReleaseFn,
 }
 
-pub(crate) static CALLBACKS: Callbacks =
-    Callbacks { enforce: enforce_trampoline, event: event_trampoline, release: release_trampoline };
+/// The callbacks for a handle of type `S`.
+pub(crate) struct Vtable<S>(PhantomData<S>);
+
+impl<S: Sink> Vtable<S> {
+    pub(crate) const CALLBACKS: Callbacks =
+        Callbacks { enforce: enforce_trampoline::<S>, event: event_trampoline::<S>, release: release_trampoline::<S> };
+}
+
+/// Opaque `rocks_env_fs_t`.
+#[repr(C)]
+pub(crate) struct RawFs {
+    _private: [u8; 0],
+}
+
+/// Opaque `rocks_env_fault_t`.
+#[repr(C)]
+pub(crate) struct RawFault {
+    _private: [u8; 0],
+}
 
 #[expect(unsafe_code, reason = "declarations of the C++ shim's C ABI")]
 unsafe extern "C" {
+    pub(crate) fn rocks_env_fs_of_options(
+        options: *const librocksdb_sys::rocksdb_options_t,
+        is_staged: *mut i32,
+    ) -> *mut RawFs;
+    pub(crate) fn rocks_env_fs_hook(
+        below: *const RawFs,
+        handle: *const c_void,
+        callbacks: *const Callbacks,
+    ) -> *mut RawFs;
+    pub(crate) fn rocks_env_fs_fault(below: *const RawFs, fault: *const RawFault) -> *mut RawFs;
+    pub(crate) fn rocks_env_fs_destroy(fs: *mut RawFs);
     pub(crate) fn rocks_env_create(
+        options: *const librocksdb_sys::rocksdb_options_t,
+        fs: *const RawFs,
         handle: *const c_void,
         callbacks: *const Callbacks,
     ) -> *mut librocksdb_sys::rocksdb_env_t;
@@ -57,38 +88,71 @@ unsafe extern "C" {
         handle: *const c_void,
         callbacks: *const Callbacks,
     );
+    pub(crate) fn rocks_env_fault_new() -> *mut RawFault;
+    pub(crate) fn rocks_env_fault_free(fault: *mut RawFault);
+    pub(crate) fn rocks_env_fault_set_rule(fault: *mut RawFault, rule: *const RawFaultRule);
+    pub(crate) fn rocks_env_fault_injected(fault: *const RawFault) -> u64;
+    pub(crate) fn rocks_env_fault_power_cut(fault: *mut RawFault);
+    pub(crate) fn rocks_env_fault_recover(
+        fault: *mut RawFault,
+        report: *mut RawFaultReport,
+        msg: *mut c_char,
+        msg_len: usize,
+    ) -> i32;
     pub(crate) fn rocks_env_probe_write_buffer_size(options: *const librocksdb_sys::rocksdb_options_t) -> u64;
     pub(crate) fn rocks_env_probe_listener_count(options: *const librocksdb_sys::rocksdb_options_t) -> usize;
     pub(crate) fn rocks_env_probe_env_is_default(env: *const librocksdb_sys::rocksdb_env_t) -> i32;
     pub(crate) fn rocks_env_probe_env_is_ours(env: *const librocksdb_sys::rocksdb_env_t) -> i32;
 }
 
+/// Writes into a caller-provided C buffer, truncating, without allocating.
+struct CBuf<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl std::fmt::Write for CBuf<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        // Keep one byte for the terminator.
+        let room = self.buf.len().saturating_sub(1 + self.len);
+        let n = s.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
 /// Writes `msg` into the C buffer, truncated and NUL-terminated.
 #[expect(unsafe_code, reason = "filling a caller-provided C buffer")]
-fn write_message(buf: *mut c_char, len: usize, msg: &str) {
+fn write_message(buf: *mut c_char, len: usize, msg: &dyn std::fmt::Display) {
     if buf.is_null() || len == 0 {
         return;
     }
-    let n = msg.len().min(len - 1);
     // SAFETY: the shim passes a writable buffer of `len` bytes (a stack
-    // array in Handle::Enforce); we write at most `len - 1` bytes plus the
-    // terminator, and `msg` does not overlap it.
-    unsafe {
-        std::ptr::copy_nonoverlapping(msg.as_ptr().cast::<c_char>(), buf, n);
-        *buf.add(n) = 0;
-    }
+    // array in Handle::Enforce) that nothing else uses during the call.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    let mut w = CBuf { buf: bytes, len: 0 };
+    let _ = write!(w, "{msg}");
+    let end = w.len;
+    w.buf[end] = 0;
 }
 
 /// Recovers the handle the shim holds a reference to.
 ///
-/// The shim keeps the `Arc<DbIo>` alive (one strong count per C++ owner,
-/// given up in `release_trampoline`) for as long as it can call us.
+/// The shim keeps the `Arc<S>` alive (one strong count per C++ owner, given
+/// up in `release_trampoline`) for as long as it can call us.
 #[expect(unsafe_code, reason = "dereferencing the handle the shim was given")]
-fn handle<'a>(h: *const c_void) -> &'a DbIo {
-    // SAFETY: `h` came from `Arc::into_raw` on an `Arc<DbIo>` (see
-    // `io::DbIo::raw_reference`), and the C++ owner holding it releases it
-    // only after its last callback, so the pointee is alive here.
-    unsafe { &*h.cast::<DbIo>() }
+fn handle<'a, S>(h: *const c_void) -> &'a S {
+    // SAFETY: `h` came from `Arc::into_raw` on an `Arc<S>` (see
+    // `raw_reference`), and the C++ owner holding it releases it only after
+    // its last callback, so the pointee is alive here.
+    unsafe { &*h.cast::<S>() }
+}
+
+/// One strong reference to `sink` for a C++ owner, given back through the
+/// release callback.
+pub(crate) fn raw_reference<S: Sink>(sink: &Arc<S>) -> *const c_void {
+    Arc::into_raw(Arc::clone(sink)).cast()
 }
 
 /// Copies a struct the shim passed by pointer.
@@ -100,30 +164,49 @@ fn read<T: Copy>(p: *const T) -> T {
     unsafe { *p }
 }
 
-extern "C" fn enforce_trampoline(h: *const c_void, req: *const RawRequest, msg: *mut c_char, len: usize) -> i32 {
-    let result = catch_unwind(AssertUnwindSafe(|| handle(h).enforce(&read(req))));
+/// Copies a C string the shim passed (NULL: none).
+#[expect(unsafe_code, reason = "reading a C string the shim passed")]
+fn read_message(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null message is a NUL-terminated string the shim keeps
+    // alive for the duration of the callback.
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+extern "C" fn enforce_trampoline<S: Sink>(
+    h: *const c_void,
+    req: *const RawRequest,
+    msg: *mut c_char,
+    len: usize,
+) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(|| handle::<S>(h).enforce(&Request::decode(&read(req)))));
     match result {
-        Ok(Ok(())) => 0,
+        Ok(Ok(())) => ENFORCE_OK,
         Ok(Err(e)) => {
             write_message(msg, len, &e);
-            1
+            if e.kind() == EnforceErrorKind::ShutDown { ENFORCE_SHUT_DOWN } else { ENFORCE_REFUSED }
         }
         Err(_) => {
-            write_message(msg, len, "rocks-env: panic while enforcing a request");
-            2
+            write_message(msg, len, &"rocks-env: panic while enforcing a request");
+            ENFORCE_PANIC
         }
     }
 }
 
-extern "C" fn event_trampoline(h: *const c_void, ev: *const RawEvent) {
-    let _ = catch_unwind(AssertUnwindSafe(|| handle(h).on_event(&read(ev))));
+extern "C" fn event_trampoline<S: Sink>(h: *const c_void, ev: *const RawEvent) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let raw = read(ev);
+        handle::<S>(h).on_event(Event::decode(&raw, read_message(raw.message)));
+    }));
 }
 
 #[expect(unsafe_code, reason = "giving back one reference held by the shim")]
-extern "C" fn release_trampoline(h: *const c_void) {
+extern "C" fn release_trampoline<S: Sink>(h: *const c_void) {
     let _ = catch_unwind(|| {
         // SAFETY: each C++ owner received one strong reference from
-        // `Arc::into_raw` and calls this exactly once, from its destructor.
-        drop(unsafe { Arc::from_raw(h.cast::<DbIo>()) });
+        // `raw_reference` and calls this exactly once, from its destructor.
+        drop(unsafe { Arc::from_raw(h.cast::<S>()) });
     });
 }

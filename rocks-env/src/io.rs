@@ -1,54 +1,17 @@
 //! The per-DB handle RocksDB's I/O is handed to: it decides each request's
-//! context, enforces it through the stage, charges the emulated device, and
-//! keeps per-file-kind and per-job statistics.
+//! context, enforces it through the stage, keeps per-file-kind statistics,
+//! and tracks the DB's flush and compaction jobs.
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{Context, CounterArray, InstanceId, RequestContext, RequestType, Stage, WorkflowId};
+use kv_stage::{Context, CounterArray, EnforceError, InstanceId, RequestContext, RequestType, Stage, WorkflowId};
 use serde::Serialize;
 
-use crate::device::Device;
-use crate::ffi::{RawEvent, RawRequest};
-
-/// Which file a request was for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FileKind {
-    /// CURRENT, OPTIONS, IDENTITY, LOCK, temporary files.
-    Other = 0,
-    /// Write-ahead log (`*.log`).
-    Wal = 1,
-    /// Table files (`*.sst`).
-    Sst = 2,
-    /// Blob files (`*.blob`).
-    Blob = 3,
-    /// `MANIFEST-*`.
-    Manifest = 4,
-    /// The info log (`LOG`).
-    InfoLog = 5,
-    /// Directories (fsync).
-    Directory = 6,
-}
-
-impl FileKind {
-    /// Every kind, in discriminant order.
-    pub const ALL: [FileKind; 7] = [
-        FileKind::Other,
-        FileKind::Wal,
-        FileKind::Sst,
-        FileKind::Blob,
-        FileKind::Manifest,
-        FileKind::InfoLog,
-        FileKind::Directory,
-    ];
-
-    fn from_raw(v: u8) -> FileKind {
-        FileKind::ALL.get(v as usize).copied().unwrap_or(FileKind::Other)
-    }
-}
+use crate::ffi::Sink;
+use crate::tag::{self, JobTag};
+use crate::wire::{Activity, Event, FileKind, JobInfo, Request};
 
 /// Per file kind: reads, writes, syncs, metadata.
 const CELLS: usize = FileKind::ALL.len() * 4;
@@ -76,7 +39,7 @@ pub struct OpsBytes {
 /// requests only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct FileIo {
-    /// Reads.
+    /// Reads (and readahead).
     pub read: OpsBytes,
     /// Writes (appends).
     pub write: OpsBytes,
@@ -110,15 +73,18 @@ impl IoStats {
     }
 }
 
-/// Background jobs as the event listener reports them.
+/// Background jobs of one class as the event listener reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct JobClassStats {
-    /// Jobs running now (begun and not yet completed).
+    /// Jobs running now (begun, and neither completed nor retired).
     pub running: u64,
     /// Jobs begun so far.
     pub begun: u64,
-    /// Jobs completed so far.
+    /// Jobs RocksDB reported as completed.
     pub completed: u64,
+    /// Jobs that ended without a completion report: failed or refused jobs,
+    /// and jobs cut short when the DB closed.
+    pub retired: u64,
     /// Bytes the completed jobs wrote (flush: SST size; compaction: output).
     pub bytes_written: u64,
     /// Bytes the completed compactions read.
@@ -138,6 +104,15 @@ pub struct JobStats {
     pub compaction_ln: JobClassStats,
 }
 
+/// Background errors RocksDB reported for the DB.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BackgroundErrors {
+    /// How many.
+    pub count: u64,
+    /// The last one's status message.
+    pub last: Option<String>,
+}
+
 #[derive(Default)]
 struct ClassState {
     stats: JobClassStats,
@@ -153,11 +128,16 @@ impl ClassState {
         self.stats.begun += 1;
     }
 
-    fn complete(&mut self, written: u64, read: u64) {
+    fn end(&mut self, completed: Option<(u64, u64)>) {
         self.stats.running = self.stats.running.saturating_sub(1);
-        self.stats.completed += 1;
-        self.stats.bytes_written += written;
-        self.stats.bytes_read += read;
+        match completed {
+            Some((written, read)) => {
+                self.stats.completed += 1;
+                self.stats.bytes_written += written;
+                self.stats.bytes_read += read;
+            }
+            None => self.stats.retired += 1,
+        }
         if self.stats.running == 0
             && let Some(t) = self.busy_since.take()
         {
@@ -174,55 +154,69 @@ impl ClassState {
     }
 }
 
+/// A job that began and has not ended.
+#[derive(Debug, Clone, Copy)]
+struct RunningJob {
+    job_id: i32,
+    context: RequestContext,
+    /// The thread it began on.
+    thread: WorkflowId,
+}
+
 #[derive(Default)]
 struct Jobs {
+    running: Vec<RunningJob>,
     flush: ClassState,
     l0: ClassState,
     ln: ClassState,
 }
 
-// Shim constants (shim.h).
-const JOB_FLUSH: u8 = 1;
-const JOB_L0: u8 = 2;
-const JOB_LN: u8 = 3;
-const FILE_INFO_LOG: u8 = 5;
-const ACTIVITY_FLUSH: u8 = 0;
-const ACTIVITY_COMPACTION: u8 = 1;
-const EVENT_FLUSH_BEGIN: u8 = 1;
-const EVENT_FLUSH_COMPLETED: u8 = 2;
-const EVENT_COMPACTION_BEGIN: u8 = 3;
-const EVENT_COMPACTION_COMPLETED: u8 = 4;
+impl Jobs {
+    fn class(&mut self, context: RequestContext) -> &mut ClassState {
+        if context == RequestContext::BG_FLUSH {
+            &mut self.flush
+        } else if context == RequestContext::BG_COMPACTION_L0_L1 {
+            &mut self.l0
+        } else {
+            &mut self.ln
+        }
+    }
+}
 
-/// The state behind one DB's file system wrapper and listener.
+/// The request context of a compaction, by the level its input starts at.
+fn compaction_context(job: &JobInfo) -> RequestContext {
+    if job.base_input_level == 0 { RequestContext::BG_COMPACTION_L0_L1 } else { RequestContext::BG_COMPACTION_LN }
+}
+
+static NEXT_DB_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The state behind one DB's file system layer, Env and listener.
 pub(crate) struct DbIo {
+    /// Process-unique id: thread tags name the DB they belong to.
+    id: u64,
     stage: Arc<Stage>,
     instance: InstanceId,
-    device: Option<Arc<Device>>,
     files: CounterArray<CELLS>,
     jobs: Mutex<Jobs>,
-    /// Set while the DB closes: new requests are counted but not held, so a
-    /// closing DB never waits on a throttled stage.
+    /// Set while the DB closes: requests are counted here but no longer
+    /// enforced, so a closing DB never waits on a throttled stage.
     closing: AtomicBool,
     refused: AtomicU64,
+    bg_errors: Mutex<BackgroundErrors>,
 }
 
 impl DbIo {
-    pub(crate) fn new(stage: Arc<Stage>, instance: InstanceId, device: Option<Arc<Device>>) -> Arc<Self> {
+    pub(crate) fn new(stage: Arc<Stage>, instance: InstanceId) -> Arc<Self> {
         Arc::new(DbIo {
+            id: NEXT_DB_ID.fetch_add(1, Ordering::Relaxed),
             stage,
             instance,
-            device,
             files: CounterArray::new(),
             jobs: Mutex::new(Jobs::default()),
             closing: AtomicBool::new(false),
             refused: AtomicU64::new(0),
+            bg_errors: Mutex::new(BackgroundErrors::default()),
         })
-    }
-
-    /// One strong reference for a C++ owner (given back through the release
-    /// callback).
-    pub(crate) fn raw_reference(self: &Arc<Self>) -> *const c_void {
-        Arc::into_raw(Arc::clone(self)).cast()
     }
 
     pub(crate) fn stage(&self) -> &Arc<Stage> {
@@ -233,96 +227,99 @@ impl DbIo {
         self.instance
     }
 
-    pub(crate) fn device(&self) -> Option<&Arc<Device>> {
-        self.device.as_ref()
-    }
-
+    /// The DB starts closing: its waiters in the stage are admitted now, and
+    /// its later requests pass.
     pub(crate) fn set_closing(&self) {
         self.closing.store(true, Ordering::Release);
+        self.stage.close_instance(self.instance);
+    }
+
+    /// The DB is closed: jobs RocksDB never reported as completed (it skips
+    /// every completion once shutdown starts) are retired.
+    pub(crate) fn closed(&self) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(j) = jobs.running.pop() {
+            jobs.class(j.context).end(None);
+            self.stage.job_finished(self.instance, j.context);
+        }
     }
 
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// The request context of a request: the listener's job tag for this
-    /// thread, else RocksDB's own `io_activity`, else what the application
-    /// propagated on this thread (foreground by default). Info-log writes
-    /// are always `background`: RocksDB writes its log holding a mutex that
-    /// foreground threads also take, so throttling them as a flush would
-    /// stall clients.
-    fn context_of(req: &RawRequest) -> RequestContext {
-        if req.file_kind == FILE_INFO_LOG {
+    pub(crate) fn background_errors(&self) -> BackgroundErrors {
+        self.bg_errors.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The request context of a request. In order: info-log writes are
+    /// `background` (RocksDB writes its log holding a mutex that foreground
+    /// threads also take, so throttling them as a flush would stall
+    /// clients); the job of this DB running on the thread; RocksDB's own
+    /// `io_activity`; `background` inside a task this DB scheduled (file
+    /// purges, ...); else what the application propagated on the thread
+    /// (foreground by default).
+    #[inline]
+    fn context_of(&self, req: &Request) -> RequestContext {
+        if req.file == FileKind::InfoLog {
             return RequestContext::BACKGROUND;
         }
-        match req.job_ctx {
-            JOB_FLUSH => RequestContext::BG_FLUSH,
-            JOB_L0 => RequestContext::BG_COMPACTION_L0_L1,
-            JOB_LN => RequestContext::BG_COMPACTION_LN,
-            _ => match req.io_activity {
-                ACTIVITY_FLUSH => RequestContext::BG_FLUSH,
-                ACTIVITY_COMPACTION => RequestContext::BG_COMPACTION,
-                _ => RequestContext::current(),
-            },
+        if let Some(c) = tag::job_context(self.id) {
+            return c;
+        }
+        match req.activity {
+            Activity::Flush => RequestContext::BG_FLUSH,
+            Activity::Compaction => RequestContext::BG_COMPACTION,
+            Activity::Other if tag::in_task(self.id) => RequestContext::BACKGROUND,
+            Activity::Other => RequestContext::current(),
         }
     }
 
-    /// The shim sends kv-stage's `RequestType` discriminants; anything
-    /// beyond the file types is taken as metadata.
-    fn request_type(kind: u8) -> RequestType {
-        match RequestType::ALL.get(kind as usize) {
-            Some(&t) if t <= RequestType::Metadata => t,
-            _ => RequestType::Metadata,
-        }
-    }
-
-    /// Enforces one RocksDB request. `Err` carries the message RocksDB
-    /// returns to its caller as an I/O error.
-    pub(crate) fn enforce(&self, req: &RawRequest) -> Result<(), String> {
-        let request_type = Self::request_type(req.kind);
-        let ctx = Context::with(WorkflowId::current(), request_type, Self::context_of(req), self.instance, req.size);
-        if !self.closing.load(Ordering::Relaxed)
-            && let Err(e) = self.stage.enforce(&ctx)
-        {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(e.to_string());
-        }
-        self.files.add(cell(FileKind::from_raw(req.file_kind), request_type), req.size);
-        if let Some(d) = &self.device {
-            d.charge(&ctx);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn on_event(&self, ev: &RawEvent) {
+    fn job_begun(&self, job: &JobInfo, context: RequestContext) {
+        let thread = WorkflowId::current();
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        // The stage's job counters are what control planes read; the DB's
-        // own (with bytes and busy time) are for embedders and tests.
-        let level_ctx = if ev.base_input_level == 0 {
-            RequestContext::BG_COMPACTION_L0_L1
-        } else {
-            RequestContext::BG_COMPACTION_LN
-        };
-        match ev.kind {
-            EVENT_FLUSH_BEGIN => {
-                jobs.flush.begin();
-                self.stage.job_started(RequestContext::BG_FLUSH);
+        // A thread runs one job at a time: a job of this DB still tagged on
+        // it ended without a report.
+        if let Some(stale) = tag::begin_job(JobTag { db: self.id, job_id: job.job_id, context })
+            && stale.db == self.id
+        {
+            self.retire(&mut jobs, |j| j.thread == thread && j.job_id == stale.job_id);
+        }
+        jobs.running.push(RunningJob { job_id: job.job_id, context, thread });
+        jobs.class(context).begin();
+        self.stage.job_started(self.instance, context);
+    }
+
+    fn job_completed(&self, job: &JobInfo, context: RequestContext, written: u64, read: u64) {
+        tag::end_job(self.id, job.job_id);
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = jobs.running.iter().position(|j| j.job_id == job.job_id && j.context == context) {
+            jobs.running.remove(i);
+            jobs.class(context).end(Some((written, read)));
+            self.stage.job_finished(self.instance, context);
+        }
+    }
+
+    /// Ends, without a completion, the running jobs `which` selects.
+    fn retire(&self, jobs: &mut Jobs, which: impl Fn(&RunningJob) -> bool) {
+        let mut i = 0;
+        while i < jobs.running.len() {
+            if which(&jobs.running[i]) {
+                let j = jobs.running.remove(i);
+                jobs.class(j.context).end(None);
+                self.stage.job_finished(self.instance, j.context);
+            } else {
+                i += 1;
             }
-            EVENT_FLUSH_COMPLETED => {
-                jobs.flush.complete(ev.bytes_written, 0);
-                self.stage.job_finished(RequestContext::BG_FLUSH);
-            }
-            EVENT_COMPACTION_BEGIN | EVENT_COMPACTION_COMPLETED => {
-                let class = if ev.base_input_level == 0 { &mut jobs.l0 } else { &mut jobs.ln };
-                if ev.kind == EVENT_COMPACTION_BEGIN {
-                    class.begin();
-                    self.stage.job_started(level_ctx);
-                } else {
-                    class.complete(ev.bytes_written, ev.bytes_read);
-                    self.stage.job_finished(level_ctx);
-                }
-            }
-            _ => {}
+        }
+    }
+
+    /// The job a thread was running is over (its task ended, or it failed).
+    fn retire_thread_job(&self, left: Option<JobTag>) {
+        if let Some(t) = left {
+            let thread = WorkflowId::current();
+            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            self.retire(&mut jobs, |j| j.thread == thread && j.job_id == t.job_id && j.context == t.context);
         }
     }
 
@@ -346,30 +343,46 @@ impl DbIo {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shim_request_kinds_are_kv_stage_discriminants() {
-        // shim.h: 0 read, 1 write, 2 sync, 3 open, 4 close, 5 delete,
-        // 6 rename, 7 truncate, 8 metadata.
-        let expected = [
-            RequestType::Read,
-            RequestType::Write,
-            RequestType::Sync,
-            RequestType::Open,
-            RequestType::Close,
-            RequestType::Delete,
-            RequestType::Rename,
-            RequestType::Truncate,
-            RequestType::Metadata,
-        ];
-        for (k, t) in expected.iter().enumerate() {
-            assert_eq!(DbIo::request_type(k as u8), *t);
+impl Sink for DbIo {
+    /// Enforces one RocksDB request through the stage.
+    #[inline]
+    fn enforce(&self, req: &Request) -> Result<(), EnforceError> {
+        let request_type = req.op.request_type();
+        if !self.closing.load(Ordering::Relaxed) {
+            let ctx = Context::with(WorkflowId::current(), request_type, self.context_of(req), self.instance, req.size);
+            if let Err(e) = self.stage.enforce(&ctx) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
         }
-        // Key-value types and unknown values are metadata, never a put or get.
-        assert_eq!(DbIo::request_type(RequestType::Put as u8), RequestType::Metadata);
-        assert_eq!(DbIo::request_type(200), RequestType::Metadata);
+        self.files.add(cell(req.file, request_type), req.size);
+        Ok(())
+    }
+
+    fn on_event(&self, ev: Event) {
+        match ev {
+            Event::FlushBegin(job) => self.job_begun(&job, RequestContext::BG_FLUSH),
+            Event::FlushCompleted { job, bytes_written } => {
+                self.job_completed(&job, RequestContext::BG_FLUSH, bytes_written, 0)
+            }
+            Event::CompactionBegin(job) => self.job_begun(&job, compaction_context(&job)),
+            Event::CompactionCompleted { job, bytes_written, bytes_read } => {
+                self.job_completed(&job, compaction_context(&job), bytes_written, bytes_read)
+            }
+            Event::SubcompactionBegin(job) => {
+                tag::begin_subjob(JobTag { db: self.id, job_id: job.job_id, context: compaction_context(&job) })
+            }
+            Event::SubcompactionCompleted(_) => tag::end_subjob(self.id),
+            Event::TaskBegin => tag::begin_task(self.id),
+            Event::TaskEnd => self.retire_thread_job(tag::end_task(self.id)),
+            Event::BackgroundError { message, .. } => {
+                // Reported on the thread whose job failed: that job is over.
+                self.retire_thread_job(tag::take_job(self.id));
+                let mut e = self.bg_errors.lock().unwrap_or_else(|e| e.into_inner());
+                e.count += 1;
+                e.last = Some(message);
+            }
+            Event::Unknown(_) => {}
+        }
     }
 }

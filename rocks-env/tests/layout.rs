@@ -27,8 +27,13 @@ fn env_layout_matches_and_the_env_is_ours() {
     let p = probe_staged_env();
     assert!(!p.is_default, "the shim's rocksdb_env_t layout no longer matches RocksDB's db/c.cc");
     assert!(p.is_staged, "the Env built by the shim does not carry the staged file system");
+    // RocksDB's own Env, made by its C API: the struct the shim repeats must
+    // read `is_default = true` there, which the shim never writes itself.
     let default = rocks_env::probe_env(&rocksdb::Env::new().unwrap());
+    assert!(default.is_default, "the shim's rocksdb_env_t layout does not read RocksDB's default Env right");
     assert!(!default.is_staged);
+    let mem = rocks_env::probe_env(&rocksdb::Env::mem_env().unwrap());
+    assert!(!mem.is_default && !mem.is_staged);
 }
 
 #[test]

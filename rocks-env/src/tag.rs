@@ -1,0 +1,118 @@
+//! What the calling thread is doing for RocksDB: the one place that knows.
+//!
+//! RocksDB runs flushes and compactions on process-wide pool threads shared
+//! by every DB. The shim reports, on the thread concerned, when a task a DB
+//! scheduled starts and ends and when a job or subcompaction begins and
+//! completes; [`DbIo`](crate::io::DbIo) records that here. Every tag carries
+//! the id of the DB it belongs to, so a thread's tag never applies to
+//! another DB's I/O, and a task's end clears whatever its jobs left behind
+//! (RocksDB skips the completion callbacks of failed jobs and of every job
+//! once shutdown starts).
+
+use std::cell::Cell;
+
+use kv_stage::RequestContext;
+
+/// The job running on a thread: its DB, RocksDB's job id, its context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JobTag {
+    pub(crate) db: u64,
+    pub(crate) job_id: i32,
+    pub(crate) context: RequestContext,
+}
+
+struct ThreadTags {
+    /// The DB whose scheduled task runs on this thread (0: none).
+    task_db: Cell<u64>,
+    job: Cell<Option<JobTag>>,
+    /// A subcompaction on this thread (it may be a compaction's own thread).
+    sub: Cell<Option<JobTag>>,
+}
+
+thread_local! {
+    static TAGS: ThreadTags = const {
+        ThreadTags { task_db: Cell::new(0), job: Cell::new(None), sub: Cell::new(None) }
+    };
+}
+
+/// The request context of a job of `db` running on this thread, if any
+/// (a subcompaction before the compaction it belongs to).
+#[inline]
+pub(crate) fn job_context(db: u64) -> Option<RequestContext> {
+    TAGS.try_with(|t| {
+        let mine = |j: Option<JobTag>| j.filter(|j| j.db == db).map(|j| j.context);
+        mine(t.sub.get()).or_else(|| mine(t.job.get()))
+    })
+    .ok()
+    .flatten()
+}
+
+/// Whether this thread runs a background task `db` scheduled.
+#[inline]
+pub(crate) fn in_task(db: u64) -> bool {
+    TAGS.try_with(|t| t.task_db.get() == db).unwrap_or(false)
+}
+
+/// A job begins on this thread; returns the tag it replaces (a job whose
+/// completion was never reported).
+pub(crate) fn begin_job(tag: JobTag) -> Option<JobTag> {
+    TAGS.try_with(|t| t.job.replace(Some(tag))).ok().flatten()
+}
+
+/// The job `job_id` of `db` completed on this thread.
+pub(crate) fn end_job(db: u64, job_id: i32) {
+    let _ = TAGS.try_with(|t| {
+        if t.job.get().is_some_and(|j| j.db == db && j.job_id == job_id) {
+            t.job.set(None);
+        }
+    });
+}
+
+/// Clears this thread's job tag if it is `db`'s; returns it.
+pub(crate) fn take_job(db: u64) -> Option<JobTag> {
+    TAGS.try_with(|t| match t.job.get() {
+        Some(j) if j.db == db => t.job.take(),
+        _ => None,
+    })
+    .ok()
+    .flatten()
+}
+
+pub(crate) fn begin_subjob(tag: JobTag) {
+    let _ = TAGS.try_with(|t| t.sub.set(Some(tag)));
+}
+
+pub(crate) fn end_subjob(db: u64) {
+    let _ = TAGS.try_with(|t| {
+        if t.sub.get().is_some_and(|j| j.db == db) {
+            t.sub.set(None);
+        }
+    });
+}
+
+/// A task of `db` starts on this thread: whatever an earlier task left is
+/// cleared.
+pub(crate) fn begin_task(db: u64) {
+    let _ = TAGS.try_with(|t| {
+        t.task_db.set(db);
+        t.job.set(None);
+        t.sub.set(None);
+    });
+}
+
+/// The task of `db` on this thread ended; returns the job tag it left
+/// (a job whose completion was never reported).
+pub(crate) fn end_task(db: u64) -> Option<JobTag> {
+    TAGS.try_with(|t| {
+        if t.task_db.get() == db {
+            t.task_db.set(0);
+        }
+        t.sub.set(None);
+        match t.job.get() {
+            Some(j) if j.db == db => t.job.take(),
+            _ => None,
+        }
+    })
+    .ok()
+    .flatten()
+}
