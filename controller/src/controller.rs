@@ -365,7 +365,10 @@ impl LoopState {
                     let begun = collection
                         .jobs
                         .iter()
-                        .map(|j| (j.context, j.begun.saturating_sub(p.jobs(j.context).begun)))
+                        .map(|j| {
+                            let before = p.instance_jobs(j.instance, j.context).begun;
+                            ((j.instance, j.context), j.begun.saturating_sub(before))
+                        })
                         .collect();
                     (collection.rates_since(p), begun)
                 }
@@ -374,7 +377,16 @@ impl LoopState {
             inputs.push(InstanceInputs {
                 instance: inst.name.clone(),
                 context_bps: rates.contexts.iter().map(|(c, r)| (c.name().to_owned(), r.bytes_per_sec)).collect(),
-                running_jobs: collection.jobs.iter().map(|j| (j.context.name().to_owned(), j.running)).collect(),
+                running_jobs: {
+                    let mut v: Vec<(String, u64)> = Vec::new();
+                    for j in &collection.jobs {
+                        match v.iter_mut().find(|(c, _)| c == j.context.name()) {
+                            Some(e) => e.1 += j.running,
+                            None => v.push((j.context.name().to_owned(), j.running)),
+                        }
+                    }
+                    v
+                },
             });
             views.push(InstanceView { name: inst.name.clone(), info, rates, collection, jobs_begun });
         }
@@ -396,7 +408,7 @@ impl LoopState {
 
         let policy = &mut self.policy;
         let outcome = match catch_unwind(AssertUnwindSafe(|| policy.decide(&obs))) {
-            Ok(Ok(d)) => Ok(d),
+            Ok(Ok(d)) => check_rates(&d).map(|()| d),
             Ok(Err(e)) => Err(e),
             Err(p) => Err(format!(
                 "panicked: {}",
@@ -541,6 +553,19 @@ impl Controller {
 impl Drop for Controller {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// A decision is applied only if every rate is a number or +inf
+/// (unlimited): NaN or -inf is a policy bug, and applying it would fail
+/// open (the rate would become unlimited).
+fn check_rates(d: &Decision) -> Result<(), String> {
+    match d.settings.iter().find(|s| s.rate.is_nan() || s.rate == f64::NEG_INFINITY) {
+        Some(s) => Err(format!(
+            "rate {} for {}/{} of instance {} is not a number of bytes per second; no rate of this cycle was applied",
+            s.rate, s.channel, s.object, s.instance
+        )),
+        None => Ok(()),
     }
 }
 

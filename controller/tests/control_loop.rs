@@ -187,3 +187,63 @@ fn the_memory_log_is_bounded_and_the_file_has_every_cycle() {
     assert!(ctl.stop().is_empty());
     assert!(std::fs::read_to_string(&file).unwrap().lines().count() >= 5);
 }
+
+/// Sets the rates a test hands it, one per cycle; nothing when none is
+/// waiting.
+struct Scripted(Arc<std::sync::Mutex<std::collections::VecDeque<f64>>>);
+
+impl Policy for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+    fn decide(&mut self, _obs: &Observation) -> Result<Decision, String> {
+        let settings = match self.0.lock().unwrap().pop_front() {
+            Some(rate) => vec![Setting { instance: 0, channel: "io".into(), object: "drl".into(), rate }],
+            None => Vec::new(),
+        };
+        Ok(Decision { settings, notes: serde_json::Value::Null })
+    }
+}
+
+/// Waits until the controller has run the cycle that consumed the last
+/// scripted rate, and returns that cycle's record.
+fn run_script(ctl: &Controller, script: &std::sync::Mutex<std::collections::VecDeque<f64>>, rate: f64) -> String {
+    let before = ctl.cycles();
+    script.lock().unwrap().push_back(rate);
+    let t0 = std::time::Instant::now();
+    while !script.lock().unwrap().is_empty() || ctl.cycles() < before + 2 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the controller stopped cycling");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let log = ctl.log();
+    let rec = log.iter().rev().find(|r| !r.settings.is_empty() || r.error.is_some()).expect("a record with the rate");
+    serde_json::to_string(rec).unwrap()
+}
+
+/// Only +inf means unlimited. A policy asking for NaN or -inf made the
+/// controller set the DRL to unlimited with no error (it failed open); it
+/// is a policy error now, recorded, and the previous rate stays.
+#[test]
+fn nan_and_negative_infinity_are_policy_errors_that_keep_the_rate() {
+    let stage = stage_with_drl("nan");
+    let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let mut cfg = ControllerConfig::silk(SilkConfig::default());
+    cfg.interval = Some(Duration::from_millis(2));
+    let ctl = Controller::builder(cfg)
+        .instance("s", stage.clone())
+        .policy(Box::new(Scripted(script.clone())))
+        .start()
+        .unwrap();
+    run_script(&ctl, &script, 5000.0);
+    assert_eq!(rate(&stage), 5000.0);
+    for bad in [f64::NAN, f64::NEG_INFINITY] {
+        let errors = ctl.policy_errors();
+        let record = run_script(&ctl, &script, bad);
+        assert_eq!(rate(&stage), 5000.0, "a rate of {bad} changed the DRL: {record}");
+        assert!(ctl.policy_errors() > errors, "a rate of {bad} was not counted as a policy error: {record}");
+        assert!(record.contains("error"), "the record of a {bad} rate has no error: {record}");
+    }
+    run_script(&ctl, &script, f64::INFINITY);
+    assert!(rate(&stage).is_infinite(), "+inf sets the DRL unlimited");
+    ctl.stop();
+}

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_stage::{Collection, JobCounters, Rates, RequestContext, StageInfo};
+use kv_stage::{Collection, InstanceId, JobCounters, Rates, RequestContext, StageInfo};
 use serde::Serialize;
 
 pub use fair::{FairShare, FairShareMode, FlowInput, water_fill};
@@ -26,21 +26,40 @@ pub struct InstanceView {
     pub rates: Rates,
     /// Raw counters of this cycle.
     pub collection: Arc<Collection>,
-    /// Jobs begun since the previous cycle, per request context.
-    pub jobs_begun: HashMap<RequestContext, u64>,
+    /// Jobs begun since the previous cycle, per instance of the stage (a DB
+    /// sharing it) and request context.
+    pub jobs_begun: HashMap<(InstanceId, RequestContext), u64>,
 }
 
 impl InstanceView {
-    /// Jobs of a context now (running, begun, completed since the start).
+    /// Jobs of a context now, over the stage's instances (running, begun,
+    /// completed since the start).
     pub fn jobs(&self, ctx: RequestContext) -> JobCounters {
         self.collection.jobs(ctx)
     }
 
     /// Whether a job of `ctx` is running now or ran since the previous
-    /// cycle. Bytes in the last interval alone misjudge a throttled job,
-    /// and a short one can begin and end between two cycles.
+    /// cycle, in any of the stage's instances. Bytes in the last interval
+    /// alone misjudge a throttled job, and a short one can begin and end
+    /// between two cycles.
     pub fn job_active(&self, ctx: RequestContext) -> bool {
-        self.jobs(ctx).running > 0 || self.jobs_begun.get(&ctx).copied().unwrap_or(0) > 0
+        !self.active_instances(ctx).is_empty()
+    }
+
+    /// The stage's instances (DBs) in which a job of `ctx` runs now or ran
+    /// since the previous cycle.
+    pub fn active_instances(&self, ctx: RequestContext) -> Vec<InstanceId> {
+        let mut v: Vec<InstanceId> = self
+            .collection
+            .jobs
+            .iter()
+            .filter(|j| j.context == ctx && j.running > 0)
+            .map(|j| j.instance)
+            .chain(self.jobs_begun.iter().filter(|((_, c), n)| *c == ctx && **n > 0).map(|((i, _), _)| *i))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
     }
 }
 

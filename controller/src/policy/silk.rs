@@ -84,39 +84,84 @@ impl Silk {
     }
 }
 
+/// The DRLs (as `(channel, object)`) that requests of `ctx` reach.
+fn drls_for(info: &kv_stage::StageInfo, ctx: C) -> Vec<(String, String)> {
+    info.objects_for_context(ctx)
+        .into_iter()
+        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == "drl"))
+        .collect()
+}
+
+/// The DRLs that requests of `ctx` from the instances with an active job of
+/// `ctx` reach.
+fn active_drls(v: &super::InstanceView, ctx: C, drls: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for i in v.active_instances(ctx) {
+        for o in v.info.objects_serving(ctx, i) {
+            if drls.contains(o) && !out.contains(o) {
+                out.push(o.clone());
+            }
+        }
+    }
+    out
+}
+
 impl Policy for Silk {
     fn name(&self) -> &'static str {
         "silk"
     }
 
+    /// Algorithm 1 for each stage the controller drives. Several DBs may
+    /// share a stage, each with its own DRLs: the flush and L0 DRLs whose
+    /// DBs have such a job active are the *claimants*, and they split
+    /// `left_B` evenly (one DB with a flush and an L0 compaction: `left_B / 2`
+    /// each, as in Algorithm 1); the other flush and L0 DRLs get `min_B`.
+    /// With no claimant, the LN DRLs split `left_B`; otherwise they split
+    /// `min_B`. Either way the stage's DRLs together never get more than
+    /// `KVS_B` beyond their floors.
     fn decide(&mut self, obs: &Observation) -> Result<Decision, String> {
         let mut settings = Vec::new();
         let mut notes = Vec::new();
         for (i, v) in obs.instances.iter().enumerate() {
             let fg = v.rates.context(C::FOREGROUND).bytes_per_sec;
-            let s = self.compute(fg, v.job_active(C::BG_FLUSH), v.job_active(C::BG_COMPACTION_L0_L1));
-            let drls = |ctx: C| -> Vec<(String, String)> {
-                v.info
-                    .objects_for_context(ctx)
-                    .into_iter()
-                    .filter(|(c, o)| v.info.object(c, o).is_some_and(|x| x.kind == "drl"))
-                    .collect()
-            };
-            let (flush, l0, ln) = (drls(C::BG_FLUSH), drls(C::BG_COMPACTION_L0_L1), drls(C::BG_COMPACTION_LN));
-            let mut push = |objs: &[(String, String)], rate: f64| {
-                for (channel, object) in objs {
-                    let skip = obs
-                        .current_rate(i, channel, object)
-                        .is_some_and(|cur| (cur - rate).abs() < self.hysteresis && cur.is_finite());
-                    if !skip {
-                        settings.push(Setting { instance: i, channel: channel.clone(), object: object.clone(), rate });
-                    }
+            let (flush, l0, ln) = (
+                drls_for(&v.info, C::BG_FLUSH),
+                drls_for(&v.info, C::BG_COMPACTION_L0_L1),
+                drls_for(&v.info, C::BG_COMPACTION_LN),
+            );
+            let (active_flush, active_l0) =
+                (active_drls(v, C::BG_FLUSH, &flush), active_drls(v, C::BG_COMPACTION_L0_L1, &l0));
+            let mut claimants = active_flush.clone();
+            for d in &active_l0 {
+                if !claimants.contains(d) {
+                    claimants.push(d.clone());
+                }
+            }
+            let s = self.compute(fg, !active_flush.is_empty(), !active_l0.is_empty());
+            let share = if claimants.is_empty() { 0.0 } else { s.left / claimants.len() as f64 };
+            let mut push = |channel: &str, object: &str, rate: f64| {
+                let skip = obs
+                    .current_rate(i, channel, object)
+                    .is_some_and(|cur| (cur - rate).abs() < self.hysteresis && cur.is_finite());
+                if !skip
+                    && !settings.iter().any(|x: &Setting| x.instance == i && x.channel == channel && x.object == object)
+                {
+                    settings.push(Setting {
+                        instance: i,
+                        channel: channel.to_owned(),
+                        object: object.to_owned(),
+                        rate,
+                    });
                 }
             };
-            push(&flush, s.b_flush);
-            push(&l0, s.b_l0);
+            for (c, o) in flush.iter().chain(l0.iter()) {
+                let claimant = claimants.iter().any(|(cc, oo)| cc == c && oo == o);
+                push(c, o, if claimant { share } else { self.min });
+            }
             if !ln.is_empty() {
-                push(&ln, s.b_ln / ln.len() as f64);
+                for (c, o) in &ln {
+                    push(c, o, s.b_ln / ln.len() as f64);
+                }
             }
             notes.push(json!({
                 "instance": v.name,
@@ -133,8 +178,9 @@ impl Policy for Silk {
                 "l0_active": s.l0_active,
                 "left_bps": s.left,
                 "branch": s.branch,
-                "b_flush_bps": s.b_flush,
-                "b_l0_bps": s.b_l0,
+                "claimants": claimants.iter().map(|(c, o)| format!("{c}/{o}")).collect::<Vec<_>>(),
+                "b_flush_bps": if s.flush_active { share } else { self.min },
+                "b_l0_bps": if s.l0_active { share } else { self.min },
                 "b_ln_bps": s.b_ln,
                 "ln_objects": ln.len(),
             }));
