@@ -251,9 +251,68 @@ pub fn key_name(keynum: u64, zeropadding: usize, ordered: bool) -> String {
     format!("user{n:0zeropadding$}")
 }
 
+/// Key numbers for inserts during a run, as YCSB's
+/// `AcknowledgedCounterGenerator`: [`next`](Self::next) hands out the next
+/// number to insert; [`acknowledged`](Self::acknowledged) is how many
+/// numbers from the start are all acknowledged (written, or given up), so
+/// readers never ask for a key whose insert has not returned yet.
+#[derive(Debug)]
+pub struct AcknowledgedCounter {
+    next: std::sync::atomic::AtomicU64,
+    acknowledged: std::sync::atomic::AtomicU64,
+    /// Numbers acknowledged ahead of a gap.
+    ahead: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+}
+
+impl AcknowledgedCounter {
+    /// Starts at `start` (the loaded records `0..start` count as
+    /// acknowledged).
+    pub fn new(start: u64) -> Self {
+        AcknowledgedCounter {
+            next: std::sync::atomic::AtomicU64::new(start),
+            acknowledged: std::sync::atomic::AtomicU64::new(start),
+            ahead: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+        }
+    }
+
+    /// The next number to insert.
+    pub fn next(&self) -> u64 {
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `n`'s insert returned (successfully or not: as in YCSB, a failed
+    /// insert does not hold every later one back).
+    pub fn acknowledge(&self, n: u64) {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        ahead.insert(n);
+        let mut upto = self.acknowledged.load(std::sync::atomic::Ordering::Relaxed);
+        while ahead.remove(&upto) {
+            upto += 1;
+        }
+        self.acknowledged.store(upto, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Numbers `0..acknowledged()` are all acknowledged.
+    pub fn acknowledged(&self) -> u64 {
+        self.acknowledged.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_acknowledged_counter_waits_for_gaps() {
+        let c = AcknowledgedCounter::new(10);
+        let (a, b, d) = (c.next(), c.next(), c.next());
+        assert_eq!((a, b, d), (10, 11, 12));
+        c.acknowledge(12);
+        c.acknowledge(11);
+        assert_eq!(c.acknowledged(), 10, "10 is not acknowledged yet");
+        c.acknowledge(10);
+        assert_eq!(c.acknowledged(), 13);
+    }
 
     const FNV0: u64 = 6_284_781_860_667_377_211;
     const FNV1: u64 = 8_517_097_267_634_966_620;

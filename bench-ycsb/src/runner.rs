@@ -6,19 +6,26 @@
 //! stalled DB is charged for every request that waited, with no coordinated
 //! omission) and service time from when the request was issued; both go to
 //! HdrHistograms in microseconds with 3 significant digits, per operation
-//! type and per second of schedule.
+//! type and per second of schedule. A request that still cannot be issued
+//! when the drain time after the schedule is over is *dropped*: it is not
+//! sent, but it is recorded with the latency it had at least, the time from
+//! its schedule to the end of the run, so a system that falls far behind is
+//! charged for every request it could not serve.
+//!
+//! Inserts take their key numbers from an [`AcknowledgedCounter`]: reads
+//! pick among keys whose inserts have returned, as in YCSB.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use rocksdb::DB;
 
 use crate::error::Result;
-use crate::generator::Rng;
+use crate::generator::{AcknowledgedCounter, Rng};
 use crate::profile::{Profile, Schedule};
 use crate::workload::{Chosen, Op, OpChooser, RecordBuilder, Workload};
 
@@ -31,17 +38,20 @@ fn histogram() -> Histogram<u64> {
 /// Latencies of one operation type (or of all).
 #[derive(Debug, Clone)]
 pub struct OpStats {
-    /// From the scheduled time to completion, µs.
+    /// From the scheduled time to completion, µs; dropped requests are in
+    /// it too, with the time from their schedule to the end of the run.
     pub intended: Histogram<u64>,
-    /// From issue to completion, µs.
+    /// From issue to completion, µs (issued requests only).
     pub service: Histogram<u64>,
     /// Operations that failed.
     pub errors: u64,
+    /// Requests never issued (past the drain limit).
+    pub dropped: u64,
 }
 
 impl Default for OpStats {
     fn default() -> Self {
-        OpStats { intended: histogram(), service: histogram(), errors: 0 }
+        OpStats { intended: histogram(), service: histogram(), errors: 0, dropped: 0 }
     }
 }
 
@@ -50,6 +60,7 @@ impl OpStats {
         let _ = self.intended.add(&other.intended);
         let _ = self.service.add(&other.service);
         self.errors += other.errors;
+        self.dropped += other.dropped;
     }
 }
 
@@ -68,7 +79,7 @@ pub struct Second {
 pub struct RunResult {
     /// Wall time from start to the last completion.
     pub elapsed: Duration,
-    /// Completed operations.
+    /// Completed (issued) operations.
     pub ops: u64,
     /// All operations together.
     pub overall: OpStats,
@@ -77,7 +88,8 @@ pub struct RunResult {
     /// Per second of schedule.
     pub seconds: Vec<Second>,
     /// Requests scheduled before the end but not issued within the drain
-    /// limit (counted, not measured).
+    /// limit; each is in the latency histograms with the time from its
+    /// schedule to the end of the run.
     pub dropped: u64,
     /// Length of the schedule, s.
     pub schedule_s: f64,
@@ -151,7 +163,7 @@ fn execute(
 
 /// Runs the clients against `db`.
 pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(f64) + Sync)) -> RunResult {
-    let inserted = Arc::new(AtomicU64::new(workload.recordcount));
+    let inserts = AcknowledgedCounter::new(workload.recordcount);
     let barrier = Barrier::new(params.threads + 1);
     // Completions may run past the schedule by up to the drain time.
     let seconds_n = ((params.duration + params.drain).as_secs_f64().ceil() as usize).max(1);
@@ -159,7 +171,7 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
     let results: Vec<ClientResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..params.threads)
             .map(|t| {
-                let (inserted, barrier, records) = (Arc::clone(&inserted), &barrier, &records);
+                let (inserts, barrier, records) = (&inserts, &barrier, &records);
                 s.spawn(move || {
                     let mut chooser = OpChooser::new(workload);
                     let mut rng = Rng::new(params.seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -180,19 +192,32 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
                         if due > now {
                             std::thread::sleep(due - now);
                         } else if now > params.duration + params.drain {
-                            // Too late to issue: count what is left and stop.
-                            dropped += 1;
-                            while schedule.next_arrival() < params.duration {
+                            // Too late to issue: what is left of the
+                            // schedule is dropped, each request recorded
+                            // with the latency it has at least by now.
+                            let mut due = due;
+                            loop {
+                                let c = chooser.next(&mut rng, inserts.acknowledged(), || u64::MAX);
+                                let lat = (now.saturating_sub(due)).as_micros().clamp(1, MAX_US as u128) as u64;
+                                let stats = per_op.entry(c.op).or_default();
+                                stats.intended.saturating_record(lat);
+                                stats.dropped += 1;
+                                seconds[(due.as_secs() as usize).min(seconds_n - 1)].intended.saturating_record(lat);
                                 dropped += 1;
+                                due = schedule.next_arrival();
+                                if due >= params.duration {
+                                    break;
+                                }
                             }
                             break;
                         }
-                        let c = chooser.next(&mut rng, inserted.load(Ordering::Relaxed), || {
-                            inserted.fetch_add(1, Ordering::Relaxed)
-                        });
+                        let c = chooser.next(&mut rng, inserts.acknowledged(), || inserts.next());
                         let issued = start.elapsed();
                         let ok = execute(db, &chooser, records, &mut rng, &c, &mut buf);
                         let done = start.elapsed();
+                        if c.op == Op::Insert {
+                            inserts.acknowledge(c.keynum);
+                        }
                         let stats = per_op.entry(c.op).or_default();
                         if !matches!(ok, Ok(true)) {
                             stats.errors += 1;
@@ -237,7 +262,7 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
         }
         out.dropped += dropped;
     }
-    out.ops = out.overall.intended.len();
+    out.ops = out.overall.service.len();
     // Until the last completion: the schedule's length, or longer when the
     // last requests ran late.
     out.elapsed = results.iter().map(|r| r.elapsed).max().unwrap_or(Duration::ZERO);

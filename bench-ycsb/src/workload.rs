@@ -481,21 +481,28 @@ pub struct RecordBuilder {
     fieldcount: u64,
     fieldlength: u64,
     lengths: LengthDistribution,
+    /// Zipfian lengths `1..=fieldlength`, the shortest the most popular
+    /// (YCSB's `ZipfianGenerator(1, fieldlength)`).
+    zipf: Option<Zipfian>,
 }
 
 impl RecordBuilder {
     /// For a workload.
     pub fn new(w: &Workload) -> Self {
-        RecordBuilder { fieldcount: w.fieldcount, fieldlength: w.fieldlength, lengths: w.fieldlengthdistribution }
+        RecordBuilder {
+            fieldcount: w.fieldcount,
+            fieldlength: w.fieldlength,
+            lengths: w.fieldlengthdistribution,
+            zipf: (w.fieldlengthdistribution == LengthDistribution::Zipfian && w.fieldlength > 1)
+                .then(|| Zipfian::new(1, w.fieldlength)),
+        }
     }
 
     fn field_len(&self, rng: &mut Rng) -> usize {
         match self.lengths {
             LengthDistribution::Constant => self.fieldlength as usize,
             LengthDistribution::Uniform => 1 + rng.below(self.fieldlength) as usize,
-            LengthDistribution::Zipfian => {
-                1 + (rng.below(self.fieldlength) as usize).min(self.fieldlength as usize - 1)
-            }
+            LengthDistribution::Zipfian => self.zipf.as_ref().map_or(1, |z| z.next(rng).min(self.fieldlength) as usize),
         }
     }
 

@@ -1,0 +1,148 @@
+//! The run phase against a DB that cannot keep up: every scheduled request
+//! is measured (none silently dropped), reads of the latest keys never ask
+//! for a key whose insert is not acknowledged, and field lengths follow the
+//! distribution the workload names.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bench_ycsb::generator::Rng;
+use bench_ycsb::profile::Profile;
+use bench_ycsb::report::{BenchReport, SystemReport};
+use bench_ycsb::runner::{self, RunParams};
+use bench_ycsb::workload::{LengthDistribution, RecordBuilder, RequestDistribution, Workload};
+use kv_stage::{DrlSpec, Match, ObjectSpec, RequestContext, Rule, Stage};
+use rocks_env::StagedDb;
+
+/// A loaded DB reopened through a stage whose foreground requests go
+/// through a DRL at `fg_rate`.
+fn slow_db(dir: &std::path::Path, w: &Workload, fg_rate: &str) -> (StagedDb, Arc<Stage>) {
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    drop(runner::load(dir, &opts, w, 2, 1).unwrap());
+    let stage = Arc::new(Stage::new("slow"));
+    stage
+        .apply_rules([
+            Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
+            Rule::CreateObject {
+                channel: "fg".into(),
+                object: "drl".into(),
+                spec: ObjectSpec::Drl(DrlSpec::new(fg_rate.parse().unwrap())),
+                matches: None,
+            },
+        ])
+        .unwrap();
+    (StagedDb::builder(opts).stage(Arc::clone(&stage)).open(dir).unwrap(), stage)
+}
+
+fn small(name: &str) -> Workload {
+    let mut w = Workload::builtin(name).unwrap();
+    w.recordcount = 2_000;
+    w.fieldcount = 2;
+    w.fieldlength = 50;
+    w
+}
+
+/// 1 s of 1000 ops/s against a DB that does about 100 writes/s: most
+/// requests cannot even be issued before the drain limit. Each of them is
+/// still recorded, with the latency it would at least have had (end of run
+/// minus its scheduled time), and the reports say how many were dropped.
+#[test]
+fn an_overloaded_run_records_every_scheduled_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = small("mixture");
+    let (db, _stage) = slow_db(dir.path(), &w, "100ops/s");
+    let params = RunParams {
+        threads: 2,
+        duration: Duration::from_secs(1),
+        profile: Profile::Constant { rate: 1000.0 },
+        seed: 7,
+        drain: Duration::from_millis(300),
+    };
+    let r = runner::run(&db, &w, &params, &|_| {});
+    eprintln!("completed {} of 1000, dropped {}, max latency {} µs", r.ops, r.dropped, r.overall.intended.max());
+    assert!(r.dropped > 100, "the DB kept up; the test needs it not to ({} dropped)", r.dropped);
+    assert_eq!(r.overall.intended.len(), 1000, "every scheduled request is in the latency histogram");
+    assert_eq!(r.ops + r.dropped, 1000, "completed and dropped add up to the schedule");
+    // A request dropped at the drain limit waited at least until then.
+    assert!(r.overall.intended.max() >= 300_000, "max latency {} µs", r.overall.intended.max());
+
+    let sys = SystemReport::new("slow", 1, &r);
+    assert_eq!(sys.dropped, r.dropped);
+    let json = serde_json::to_value(&sys).unwrap();
+    assert_eq!(json["dropped"].as_u64(), Some(r.dropped), "summary.json has `dropped`");
+    assert!(sys.ycsb_text().contains(&format!("[OVERALL], Dropped, {}", r.dropped)), "{}", sys.ycsb_text());
+    let report = BenchReport {
+        workload: "mixture".into(),
+        workload_properties: serde_json::Value::Null,
+        profile: "constant".into(),
+        threads: 2,
+        duration_s: 1.0,
+        seed: 7,
+        device: "none".into(),
+        kvs_bandwidth: "-".into(),
+        config: serde_json::Value::Null,
+        systems: vec![sys],
+    };
+    let table = bench_ycsb::report::table(&report);
+    let header = table.lines().next().unwrap();
+    let row = table.lines().nth(1).unwrap();
+    let col = header.split_whitespace().position(|c| c == "dropped").expect("the table has a `dropped` column");
+    // Header words and row cells line up except the two-word headers before it.
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert!(cells.contains(&r.dropped.to_string().as_str()), "row {row:?} (column {col}) lacks {}", r.dropped);
+}
+
+/// Workload D's shape (reads of the latest keys, inserts) with slow inserts:
+/// a read must never pick a key whose insert has not been acknowledged yet
+/// (YCSB's acknowledged-counter generator). Such a read finds nothing and
+/// counts as an error.
+#[test]
+fn latest_reads_only_see_acknowledged_inserts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = small("d");
+    assert_eq!(w.requestdistribution, RequestDistribution::Latest);
+    w.readproportion = 0.5;
+    w.insertproportion = 0.5;
+    // Inserts wait in the DRL (a WAL append each), reads rarely touch a file.
+    let (db, _stage) = slow_db(dir.path(), &w, "400ops/s");
+    let params = RunParams {
+        threads: 4,
+        duration: Duration::from_secs(1),
+        profile: Profile::Constant { rate: 600.0 },
+        seed: 11,
+        drain: Duration::from_secs(5),
+    };
+    let r = runner::run(&db, &w, &params, &|_| {});
+    let read = r.per_op.iter().find(|(op, _)| op.label() == "READ").map(|(_, s)| s.clone()).unwrap();
+    eprintln!("{} reads, {} found nothing", read.intended.len(), read.errors);
+    assert!(read.intended.len() > 100);
+    assert_eq!(read.errors, 0, "reads asked for keys whose inserts were not acknowledged");
+}
+
+/// `fieldlengthdistribution=zipfian` draws lengths from 1 to `fieldlength`
+/// with the shortest the most popular, as YCSB's ZipfianGenerator(1, n).
+#[test]
+fn zipfian_field_lengths_favour_the_shortest() {
+    let mut w = small("a");
+    w.fieldcount = 1;
+    w.fieldlength = 100;
+    w.fieldlengthdistribution = LengthDistribution::Zipfian;
+    let b = RecordBuilder::new(&w);
+    let mut rng = Rng::new(3);
+    let mut counts = vec![0u64; 101];
+    let mut buf = Vec::new();
+    let n = 100_000;
+    for _ in 0..n {
+        b.record(&mut rng, &mut buf);
+        let value = &buf[buf.iter().position(|&c| c == b'=').unwrap() + 1..buf.len() - 1];
+        counts[value.len()] += 1;
+    }
+    let share = |len: usize| counts[len] as f64 / n as f64;
+    eprintln!("P(1) = {:.4}, P(2) = {:.4}, P(50) = {:.4}, P(100) = {:.4}", share(1), share(2), share(50), share(100));
+    assert_eq!(counts[0], 0, "a field is never empty");
+    // Zipf(0.99) over 100 items: rank 1 has about 19 %, rank 50 about 0.4 %.
+    assert!(share(1) > 0.15, "length 1 drawn {:.4} of the time", share(1));
+    assert!(share(1) > 20.0 * share(50), "lengths are not zipfian");
+    assert!(share(2) < share(1));
+}
