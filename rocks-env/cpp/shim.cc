@@ -65,6 +65,7 @@ constexpr uint8_t kDelete = ROCKS_ENV_OP_DELETE;
 constexpr uint8_t kRename = ROCKS_ENV_OP_RENAME;
 constexpr uint8_t kTruncate = ROCKS_ENV_OP_TRUNCATE;
 constexpr uint8_t kLink = ROCKS_ENV_OP_LINK;
+constexpr uint8_t kPrefetch = ROCKS_ENV_OP_PREFETCH;
 
 // The Rust handle plus its callbacks; the last owner releases the handle.
 class Handle {
@@ -200,12 +201,15 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
                                                      io_handle, del_fn, dbg);
   }
 
-  // Readahead into the page cache would read from the device behind the
-  // stage's back (the reads that follow hit the cache). Declining it makes
-  // RocksDB read ahead into its own buffer, through Read above.
-  IOStatus Prefetch(uint64_t, size_t, const IOOptions&,
-                    IODebugContext*) override {
-    return IOStatus::NotSupported("Prefetch");
+  // Readahead into the page cache. The Reads that then take the data from
+  // the cache are enforced and charged with the job's context; charging the
+  // readahead too would count those bytes twice. Rust accounts it per file
+  // kind and never holds or refuses it.
+  IOStatus Prefetch(uint64_t offset, size_t n, const IOOptions& options,
+                    IODebugContext* dbg) override {
+    IOStatus s = h_->Enforce(kPrefetch, kind_, n, &options);
+    if (!s.ok()) return s;
+    return FSRandomAccessFileOwnerWrapper::Prefetch(offset, n, options, dbg);
   }
 
   // The base class reads synchronously through Read (enforced above), so
@@ -378,12 +382,6 @@ class HookFileSystem : public FileSystemWrapper {
 
   static const char* kClassName() { return "KvStageFileSystem"; }
   const char* Name() const override { return kClassName(); }
-
-  // No file-system readahead (see StagedRandomAccessFile::Prefetch).
-  void SupportedOps(int64_t& supported_ops) override {
-    target()->SupportedOps(supported_ops);
-    supported_ops &= ~(int64_t{1} << rocksdb::FSSupportedOps::kFSPrefetch);
-  }
 
   IOStatus NewSequentialFile(const std::string& f, const FileOptions& o,
                              std::unique_ptr<FSSequentialFile>* r,

@@ -42,6 +42,7 @@ enum rocks_env_op {
   ROCKS_ENV_OP_RENAME = 8,
   ROCKS_ENV_OP_TRUNCATE = 9,
   ROCKS_ENV_OP_LINK = 10,
+  ROCKS_ENV_OP_PREFETCH = 11,  // readahead into the page cache (accounted)
 };
 
 // Which file a request is for, from its name.

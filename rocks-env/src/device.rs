@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::ffi::Sink;
-use crate::wire::Request;
+use crate::wire::{FileOp, Request};
 
 /// How much transfer time the device can bank while idle.
 const BURST: Duration = Duration::from_millis(1);
@@ -112,10 +112,11 @@ impl Device {
     }
 }
 
-/// Reads and writes (and readahead) move data; syncs and metadata are free.
+/// Reads and writes move data; syncs and metadata are free, and so is
+/// readahead (the reads that consume it are charged).
 impl Sink for Device {
     fn enforce(&self, req: &Request) -> std::result::Result<(), EnforceError> {
-        if matches!(req.op.request_type(), RequestType::Read | RequestType::Write) {
+        if matches!(req.op, FileOp::Read | FileOp::Write) {
             self.transfer(req.size);
         }
         Ok(())
@@ -125,7 +126,7 @@ impl Sink for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Activity, FileKind, FileOp};
+    use crate::wire::{Activity, FileKind};
     use std::time::Instant;
 
     #[test]
@@ -143,6 +144,7 @@ mod tests {
         let waits = d.stats().waits;
         d.enforce(&req(FileOp::Sync, 1 << 30)).unwrap();
         d.enforce(&req(FileOp::Open, 1 << 30)).unwrap();
+        d.enforce(&req(FileOp::Prefetch, 1 << 30)).unwrap();
         assert_eq!(d.stats().waits, waits);
     }
 

@@ -6,24 +6,26 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{Context, CounterArray, EnforceError, InstanceId, RequestContext, RequestType, Stage, WorkflowId};
+use kv_stage::{Context, CounterArray, EnforceError, InstanceId, RequestContext, Stage, WorkflowId};
 use serde::Serialize;
 
 use crate::ffi::Sink;
 use crate::tag::{self, JobTag};
-use crate::wire::{Activity, Event, FileKind, JobInfo, Request};
+use crate::wire::{Activity, Event, FileKind, FileOp, JobInfo, Request};
 
-/// Per file kind: reads, writes, syncs, metadata.
-const CELLS: usize = FileKind::ALL.len() * 4;
+/// Per file kind: reads, writes, syncs, metadata, readahead.
+const PER_KIND: usize = 5;
+const CELLS: usize = FileKind::ALL.len() * PER_KIND;
 
-fn cell(kind: FileKind, t: RequestType) -> usize {
-    let op = match t {
-        RequestType::Read => 0,
-        RequestType::Write => 1,
-        RequestType::Sync => 2,
+fn cell(kind: FileKind, op: FileOp) -> usize {
+    let i = match op {
+        FileOp::Read => 0,
+        FileOp::Write => 1,
+        FileOp::Sync | FileOp::Fsync | FileOp::RangeSync => 2,
+        FileOp::Prefetch => 4,
         _ => 3,
     };
-    kind as usize * 4 + op
+    kind as usize * PER_KIND + i
 }
 
 /// `(ops, bytes)`.
@@ -39,7 +41,7 @@ pub struct OpsBytes {
 /// requests only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct FileIo {
-    /// Reads (and readahead).
+    /// Reads.
     pub read: OpsBytes,
     /// Writes (appends).
     pub write: OpsBytes,
@@ -47,6 +49,10 @@ pub struct FileIo {
     pub sync: OpsBytes,
     /// Opens, closes, deletes, renames, truncates.
     pub metadata: OpsBytes,
+    /// Readahead into the page cache (`Prefetch`): accounted here only. The
+    /// reads that then take the data from the cache are the ones enforced
+    /// and counted by the stage, so a byte is charged once.
+    pub prefetch: OpsBytes,
 }
 
 /// Per-file-kind I/O of one DB.
@@ -330,8 +336,15 @@ impl DbIo {
             files: FileKind::ALL
                 .iter()
                 .map(|&k| {
-                    let b = k as usize * 4;
-                    (k, FileIo { read: ob(b), write: ob(b + 1), sync: ob(b + 2), metadata: ob(b + 3) })
+                    let b = k as usize * PER_KIND;
+                    let io = FileIo {
+                        read: ob(b),
+                        write: ob(b + 1),
+                        sync: ob(b + 2),
+                        metadata: ob(b + 3),
+                        prefetch: ob(b + 4),
+                    };
+                    (k, io)
                 })
                 .collect(),
         }
@@ -348,14 +361,14 @@ impl Sink for DbIo {
     #[inline]
     fn enforce(&self, req: &Request) -> Result<(), EnforceError> {
         let request_type = req.op.request_type();
-        if !self.closing.load(Ordering::Relaxed) {
+        if !self.closing.load(Ordering::Relaxed) && req.op != FileOp::Prefetch {
             let ctx = Context::with(WorkflowId::current(), request_type, self.context_of(req), self.instance, req.size);
             if let Err(e) = self.stage.enforce(&ctx) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
         }
-        self.files.add(cell(req.file, request_type), req.size);
+        self.files.add(cell(req.file, req.op), req.size);
         Ok(())
     }
 

@@ -55,11 +55,13 @@ pub enum FileOp {
     Truncate = 9,
     /// Linking a file.
     Link = 10,
+    /// Readahead into the page cache (`Prefetch`).
+    Prefetch = 11,
 }
 
 impl FileOp {
     /// Every op, in wire order.
-    pub const ALL: [FileOp; 11] = [
+    pub const ALL: [FileOp; 12] = [
         FileOp::Read,
         FileOp::Write,
         FileOp::Sync,
@@ -71,13 +73,16 @@ impl FileOp {
         FileOp::Rename,
         FileOp::Truncate,
         FileOp::Link,
+        FileOp::Prefetch,
     ];
 
     /// The stage's request type for this op: data moves are reads and
     /// writes, the three syncs are syncs, the rest metadata of their kind.
+    /// (Readahead is a read, but rocks-env accounts it without sending it
+    /// to the stage: see `DbIo`.)
     pub fn request_type(self) -> RequestType {
         match self {
-            FileOp::Read => RequestType::Read,
+            FileOp::Read | FileOp::Prefetch => RequestType::Read,
             FileOp::Write => RequestType::Write,
             FileOp::Sync | FileOp::Fsync | FileOp::RangeSync => RequestType::Sync,
             FileOp::Open => RequestType::Open,
