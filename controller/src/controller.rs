@@ -235,7 +235,7 @@ impl ControllerBuilder {
                             ),
                         )
                     })?;
-                if object.kind != "drl" {
+                if object.kind != kv_stage::ObjectKind::Drl {
                     return Err(Error::config(
                         &format!("fair_share.instance[{i}].object"),
                         format!("'{}/{}' is a {}, not a drl", inst.channel, inst.object, object.kind),

@@ -64,20 +64,21 @@ mod error;
 mod layers;
 mod matching;
 mod objects;
-pub mod paio;
 mod route;
 mod rules;
 mod stage;
 mod stats;
 pub mod units;
 
+/// The importer of the original Paio text rules.
+pub use rules::paio;
 pub use context::{Context, ContextScope, InstanceId, RequestContext, RequestType, WorkflowId, with_context};
 pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Result};
 pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
 pub use matching::{FieldMatch, Match};
 pub use objects::{
     BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSpec, EnforcementObject, Noop, Object, ObjectConfig,
-    ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
+    ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
 };
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{

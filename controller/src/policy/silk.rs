@@ -88,7 +88,7 @@ impl Silk {
 fn drls_for(info: &kv_stage::StageInfo, ctx: C) -> Vec<(String, String)> {
     info.objects_for_context(ctx)
         .into_iter()
-        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == "drl"))
+        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::ObjectKind::Drl))
         .collect()
 }
 

@@ -151,6 +151,62 @@ impl ConfigError {
     }
 }
 
+/// What kind an object is: a built-in, or an application's own, by the
+/// name its [`EnforcementObject::kind`] gives. In files and statistics, the
+/// name (`"noop"`, `"drl"`, `"qos"`, or the custom name).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    /// [`Noop`].
+    Noop,
+    /// [`Drl`], or an application object that calls itself `"drl"` (and so
+    /// takes a DRL's settings).
+    Drl,
+    /// [`Qos`], or an application object that calls itself `"qos"`.
+    Qos,
+    /// Any other application object.
+    Custom(String),
+}
+
+impl ObjectKind {
+    /// The kind of the name an object gives.
+    pub fn of(name: &str) -> Self {
+        match name {
+            "noop" => ObjectKind::Noop,
+            "drl" => ObjectKind::Drl,
+            "qos" => ObjectKind::Qos,
+            other => ObjectKind::Custom(other.to_owned()),
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ObjectKind::Noop => "noop",
+            ObjectKind::Drl => "drl",
+            ObjectKind::Qos => "qos",
+            ObjectKind::Custom(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ObjectKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ObjectKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ObjectKind::of(&String::deserialize(d)?))
+    }
+}
+
 /// The typed spec an object is built from (*init*).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

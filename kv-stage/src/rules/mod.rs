@@ -8,9 +8,8 @@
 //!
 //! A batch of rules applies **all or nothing**. Rules are typed values with
 //! serde; files are TOML or JSON with a version field (see [`RuleSet`]), or
-//! the original Paio text format (see [`crate::paio`]).
+//! the original Paio text format (see [`paio`]).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -18,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::ContextReservation;
 use crate::error::{Error, Location, Result};
+
+mod files;
+pub mod paio;
 use crate::matching::Match;
 use crate::objects::{ObjectConfig, ObjectSpec};
 
@@ -224,7 +226,7 @@ pub enum RulesFormat {
     Toml,
     /// JSON: the same structure as TOML.
     Json,
-    /// The original Paio text syntax (see [`crate::paio`]).
+    /// The original Paio text syntax (see [`paio`]).
     Paio,
 }
 
@@ -285,155 +287,30 @@ impl RuleSet {
 
     /// Loads a rules file, choosing the format from the extension.
     pub fn load(path: &Path) -> Result<Self> {
-        Self::load_as(path, RulesFormat::from_path(path), &crate::paio::PaioOptions::default())
+        Self::load_as(path, RulesFormat::from_path(path), &paio::PaioOptions::default())
     }
 
     /// Loads a rules file in a given format.
-    pub fn load_as(path: &Path, format: RulesFormat, paio: &crate::paio::PaioOptions) -> Result<Self> {
+    pub fn load_as(path: &Path, format: RulesFormat, paio: &paio::PaioOptions) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
         let source: Arc<str> = path.display().to_string().into();
         Self::parse(&text, format, Some(source), paio)
     }
 
     /// Parses rules text. `source` names the text in error messages.
-    pub fn parse(
-        text: &str,
-        format: RulesFormat,
-        source: Option<Arc<str>>,
-        paio: &crate::paio::PaioOptions,
-    ) -> Result<Self> {
+    pub fn parse(text: &str, format: RulesFormat, source: Option<Arc<str>>, paio: &paio::PaioOptions) -> Result<Self> {
         match format {
-            RulesFormat::Toml => parse_toml(text, source),
-            RulesFormat::Json => parse_json(text, source),
-            RulesFormat::Paio => crate::paio::parse(text, source, paio),
+            RulesFormat::Toml => files::parse_toml(text, source),
+            RulesFormat::Json => files::parse_json(text, source),
+            RulesFormat::Paio => paio::parse(text, source, paio),
         }
     }
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
-}
-
-fn file_error(source: &Option<Arc<str>>, line: Option<usize>, field: Option<&str>, msg: impl Into<String>) -> Error {
-    Error::Rule {
-        location: Location { source: source.clone(), line, index: 0, id: None },
-        field: field.map(str::to_owned),
-        message: msg.into(),
-    }
-}
-
-fn check_version(v: Option<u32>, source: &Option<Arc<str>>) -> Result<()> {
-    match v {
-        None => Ok(()),
-        Some(RULES_VERSION) => Ok(()),
-        Some(v) => Err(file_error(
-            source,
-            None,
-            Some("version"),
-            format!("rules format version {v} is not supported (this build reads version {RULES_VERSION})"),
-        )),
-    }
-}
-
-/// Reserves the contexts a file declares, so its rules can name them; they
-/// are registered when the rules apply.
-fn declare_contexts(contexts: &[String], source: &Option<Arc<str>>) -> Result<ContextReservation> {
-    ContextReservation::reserve(contexts).map_err(|e| file_error(source, None, Some("contexts"), e.to_string()))
-}
-
-/// Turns one parsed rule (as a JSON object) into an entry, checking ids.
-fn entry_from_map(
-    mut map: serde_json::Map<String, serde_json::Value>,
-    mut location: Location,
-    seen: &mut HashMap<u64, Location>,
-) -> Result<RuleEntry> {
-    if let Some(id) = map.remove("id") {
-        let id = id.as_u64().ok_or_else(|| {
-            Error::rule(&location, Some("id"), format!("rule id must be a non-negative integer, not {id}"))
-        })?;
-        location.id = Some(id);
-        if let Some(first) = seen.get(&id) {
-            return Err(Error::rule(&location, Some("id"), format!("duplicate rule id {id} (first used at {first})")));
-        }
-        seen.insert(id, location.clone());
-    }
-    let rule: Rule = serde_json::from_value(serde_json::Value::Object(map))
-        .map_err(|e| Error::rule(&location, None, e.to_string()))?;
-    Ok(RuleEntry { rule, location })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TomlFile {
-    version: Option<u32>,
-    #[serde(default)]
-    contexts: Vec<String>,
-    #[serde(default)]
-    rules: Vec<toml::Spanned<toml::Table>>,
-}
-
-fn parse_toml(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
-    let file: TomlFile = toml::from_str(text).map_err(|e| {
-        let line = e.span().map(|s| line_of(text, s.start));
-        file_error(&source, line, None, e.message().to_owned())
-    })?;
-    check_version(file.version, &source)?;
-    let declared = declare_contexts(&file.contexts, &source)?;
-    let rules = declared.scope(|| -> Result<Vec<RuleEntry>> {
-        let mut seen = HashMap::new();
-        let mut rules = Vec::with_capacity(file.rules.len());
-        for (index, spanned) in file.rules.into_iter().enumerate() {
-            let line = line_of(text, spanned.span().start);
-            let location = Location { source: source.clone(), line: Some(line), index, id: None };
-            let table = spanned.into_inner();
-            let json = serde_json::to_value(&table).map_err(|e| Error::rule(&location, None, e.to_string()))?;
-            let serde_json::Value::Object(map) = json else { unreachable!("a TOML table is a JSON object") };
-            rules.push(entry_from_map(map, location, &mut seen)?);
-        }
-        Ok(rules)
-    })?;
-    Ok(RuleSet { rules, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonFile<'a> {
-    version: Option<u32>,
-    #[serde(default)]
-    contexts: Vec<String>,
-    #[serde(default, borrow)]
-    rules: Vec<&'a serde_json::value::RawValue>,
-}
-
-fn parse_json(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
-    let file: JsonFile<'_> =
-        serde_json::from_str(text).map_err(|e| file_error(&source, Some(e.line()), None, e.to_string()))?;
-    check_version(file.version, &source)?;
-    let declared = declare_contexts(&file.contexts, &source)?;
-    let rules = declared.scope(|| -> Result<Vec<RuleEntry>> {
-        let mut seen = HashMap::new();
-        let mut rules = Vec::with_capacity(file.rules.len());
-        let base = text.as_ptr() as usize;
-        for (index, raw) in file.rules.into_iter().enumerate() {
-            // A borrowed RawValue is a slice of `text`: its address gives its line.
-            let offset = (raw.get().as_ptr() as usize).saturating_sub(base);
-            let location = Location { source: source.clone(), line: Some(line_of(text, offset)), index, id: None };
-            let value: serde_json::Value =
-                serde_json::from_str(raw.get()).map_err(|e| Error::rule(&location, None, e.to_string()))?;
-            let serde_json::Value::Object(map) = value else {
-                return Err(Error::rule(&location, None, "a rule must be an object"));
-            };
-            rules.push(entry_from_map(map, location, &mut seen)?);
-        }
-        Ok(rules)
-    })?;
-    Ok(RuleSet { rules, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::paio::PaioOptions;
     use super::*;
-    use crate::paio::PaioOptions;
 
     fn toml(text: &str) -> Result<RuleSet> {
         RuleSet::parse(text, RulesFormat::Toml, Some("t.toml".into()), &PaioOptions::default())

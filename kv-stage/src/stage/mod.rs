@@ -1,0 +1,595 @@
+//! The stage: channels of enforcement objects, the rules that pick them, the
+//! statistics a control plane reads, and the instance interface layers call.
+//!
+//! **Data path.** [`Stage::enforce`] loads the current [`Layout`] snapshot
+//! (lock-free, via `arc-swap`), picks the channel and the object from compiled
+//! tables, enforces, and counts. It takes no lock of the stage's own; an
+//! object may block (a DRL waiting for tokens) without holding one.
+//!
+//! **Control path.** [`Stage::apply`] runs a batch of rules against a copy of
+//! the control model. If any rule fails, nothing changes. Otherwise
+//! configuration changes are applied to the live objects, the new layout is
+//! published atomically, and removed objects are retired (their waiters are
+//! released). A request that already picked an object finishes on it, so no
+//! request is lost or enforced twice when rules change under load.
+
+mod info;
+mod model;
+mod snapshot;
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
+
+use crate::context::{Context, InstanceId, RequestContext, WorkflowId};
+use crate::error::{EnforceError, Error, Location, Result};
+use crate::matching::Match;
+use crate::objects::{EnforcementObject, Object, ObjectConfig, ObjectKind, Outcome, now_ns};
+use crate::rules::{Rule, RuleSet};
+use crate::stats::Counters;
+
+use info::coverage;
+pub use info::{
+    ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, InstanceInfo,
+    JobCounters, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, StageInfo, WorkflowCounters,
+};
+use model::{ChannelModel, Model, RouteModel, SlotUse, Txn};
+use snapshot::{LAYOUT_CACHE, Layout, NO_OBJECT, Route, compile, route_key};
+
+/// Id of the channel every stage starts with, which receives requests no
+/// route matches until another default is set.
+pub const DEFAULT_CHANNEL: &str = "default";
+
+/// A data plane stage.
+///
+/// Share it as `Arc<Stage>`; every method takes `&self`. Dropping the last
+/// reference shuts it down.
+///
+/// ```
+/// use kv_stage::{Context, Match, ObjectSpec, DrlSpec, RequestContext, RequestType, Rule, Stage};
+///
+/// let stage = Stage::new("example");
+/// stage.apply_rules([
+///     Rule::CreateChannel { channel: "flush".into(), matches: Some(Match::context(RequestContext::BG_FLUSH)) },
+///     Rule::CreateObject {
+///         channel: "flush".into(),
+///         object: "drl".into(),
+///         spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
+///         matches: None,
+///     },
+/// ]).unwrap();
+/// let ctx = Context::new(RequestType::Write, 4096).in_context(RequestContext::BG_FLUSH);
+/// stage.enforce(&ctx).unwrap();
+/// let stats = stage.collect();
+/// assert_eq!(stats.channel("flush").unwrap().bytes, 4096);
+/// ```
+pub struct Stage {
+    name: String,
+    id: u64,
+    started_ns: u64,
+    /// Process-unique key of this stage in the per-thread layout caches.
+    uid: u64,
+    layout: ArcSwap<Layout>,
+    /// Bumped after every new layout is stored (Release); readers that see
+    /// a generation see its layout.
+    layout_generation: CachePadded<AtomicU64>,
+    counters: Counters,
+    control: Mutex<Model>,
+    shut_down: AtomicBool,
+    /// Jobs begun and completed per instance and request context (see
+    /// `job_started`). Jobs are rare events: a mutex is cheap enough.
+    jobs: Mutex<BTreeMap<(InstanceId, RequestContext), (u64, u64)>>,
+    /// What [`StageInfo::coverage`] says for the layout of a generation.
+    coverage: Mutex<Option<(u64, Arc<[Coverage]>)>>,
+}
+
+impl std::fmt::Debug for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stage").field("name", &self.name).field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+static NEXT_STAGE_UID: AtomicU64 = AtomicU64::new(1);
+
+fn new_stage_id() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 over time, pid and a sequence number.
+    let mut z = t ^ (u64::from(std::process::id()) << 32) ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Stage {
+    /// A stage with only the pass-through [`DEFAULT_CHANNEL`].
+    pub fn new(name: impl Into<String>) -> Self {
+        let default: Arc<str> = DEFAULT_CHANNEL.into();
+        let model = Model {
+            channels: vec![ChannelModel {
+                id: Arc::clone(&default),
+                slot: SlotUse { slot: 0, incarnation: 0, base: (0, 0) },
+                objects: Vec::new(),
+                routes: Vec::new(),
+                default_object: None,
+            }],
+            routes: Vec::new(),
+            default_channel: default,
+            next_slot: 1,
+            free_slots: VecDeque::new(),
+            next_incarnation: 0,
+            generation: 0,
+            open_instances: Vec::new(),
+            closed_instances: Vec::new(),
+        };
+        let layout = compile(&model).expect("the initial layout compiles");
+        Stage {
+            name: name.into(),
+            id: new_stage_id(),
+            started_ns: now_ns(),
+            uid: NEXT_STAGE_UID.fetch_add(1, Ordering::Relaxed),
+            layout: ArcSwap::from_pointee(layout),
+            layout_generation: CachePadded::new(AtomicU64::new(0)),
+            counters: Counters::new(),
+            control: Mutex::new(model),
+            shut_down: AtomicBool::new(false),
+            jobs: Mutex::new(BTreeMap::new()),
+            coverage: Mutex::new(None),
+        }
+    }
+
+    /// The stage's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The stage's unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    // ----- instance interface --------------------------------------------
+
+    /// Enforces one request: picks its channel and object, lets the object
+    /// admit it (possibly waiting), and counts it.
+    ///
+    /// On `Err` the caller must not carry out the request; layers report the
+    /// error to their own caller. Never allocates on success.
+    #[inline]
+    pub fn enforce(&self, ctx: &Context) -> Result<Outcome, EnforceError> {
+        if self.shut_down.load(Ordering::Relaxed) {
+            return Err(EnforceError::shut_down(None));
+        }
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        let key = route_key(ctx);
+        let remembered = LAYOUT_CACHE
+            .try_with(|c| {
+                (c.stage_uid.get() == self.uid
+                    && c.generation.get() == generation
+                    && c.memo_key.get() == key
+                    && c.memo_workflow.get() == ctx.workflow.0)
+                    .then(|| c.memo.get())
+            })
+            .ok()
+            .flatten();
+        match remembered {
+            // A Noop or a pass-through: nothing to call, only to count.
+            Some(route) if !route.call => {
+                self.counters.record(route.channel_slot, route.object_slot(), ctx);
+                Ok(Outcome::IMMEDIATE)
+            }
+            _ => self.enforce_with_layout(ctx, generation, key, remembered),
+        }
+    }
+
+    /// The path through the layout: the route is looked up (unless it was
+    /// remembered) and the object called.
+    #[inline(never)]
+    fn enforce_with_layout(
+        &self,
+        ctx: &Context,
+        generation: u64,
+        key: u64,
+        remembered: Option<Route>,
+    ) -> Result<Outcome, EnforceError> {
+        self.with_layout(generation, |layout| {
+            let route = match remembered {
+                Some(r) => r,
+                None => {
+                    let r = layout.route(ctx);
+                    let _ = LAYOUT_CACHE.try_with(|c| {
+                        if c.stage_uid.get() == self.uid && c.generation.get() == generation {
+                            c.memo_key.set(key);
+                            c.memo_workflow.set(ctx.workflow.0);
+                            c.memo.set(r);
+                        }
+                    });
+                    r
+                }
+            };
+            if route.object == NO_OBJECT {
+                self.counters.record(route.channel_slot, None, ctx);
+                return Ok(Outcome::IMMEDIATE);
+            }
+            let o = &layout.channels[route.channel as usize].objects[route.object as usize];
+            match o.object.enforce(ctx) {
+                Ok(outcome) => {
+                    self.counters.record(route.channel_slot, Some(route.object_slot), ctx);
+                    Ok(outcome)
+                }
+                Err(r) => Err(EnforceError::from_rejection(&o.label, r)),
+            }
+        })
+    }
+
+    /// Runs `f` on the layout of `generation` (or a newer one).
+    #[inline(always)]
+    fn with_layout<R>(&self, generation: u64, f: impl FnOnce(&Layout) -> R) -> R {
+        let uid = self.uid;
+        let cached = LAYOUT_CACHE
+            .try_with(
+                |c| if c.stage_uid.get() == uid && c.generation.get() == generation { c.layout.take() } else { None },
+            )
+            .ok()
+            .flatten();
+        let layout = match cached {
+            Some(l) => l,
+            None => self.load_layout(generation),
+        };
+        let r = f(&layout);
+        // Put it back unless a nested call re-tagged the entry meanwhile.
+        let _ = LAYOUT_CACHE.try_with(|c| {
+            if c.stage_uid.get() == uid && c.generation.get() == generation {
+                c.layout.set(Some(layout));
+            }
+        });
+        r
+    }
+
+    /// Loads the layout and re-tags the thread's cache for it (forgetting
+    /// the remembered route).
+    #[cold]
+    fn load_layout(&self, generation: u64) -> Arc<Layout> {
+        let layout = self.layout.load_full();
+        let _ = LAYOUT_CACHE.try_with(|c| {
+            c.stage_uid.set(self.uid);
+            c.generation.set(generation);
+            c.memo_key.set(0);
+            c.layout.set(None);
+        });
+        layout
+    }
+
+    /// Which channel and object a request would go to, without enforcing
+    /// it: `(channel, Some(object))`, or no object when it would pass
+    /// through its channel.
+    pub fn select(&self, ctx: &Context) -> (Arc<str>, Option<Arc<str>>) {
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        self.with_layout(generation, |layout| {
+            let (ci, oi) = layout.resolve(ctx);
+            let ch = &layout.channels[ci as usize];
+            (Arc::clone(&ch.label), oi.map(|oi| Arc::clone(&ch.objects[oi as usize].label)))
+        })
+    }
+
+    pub(crate) fn bench_select_channel(&self, ctx: &Context) -> u32 {
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        self.with_layout(generation, |layout| layout.channel_of(ctx))
+    }
+
+    pub(crate) fn bench_select_object(&self, ctx: &Context) -> Option<u32> {
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        self.with_layout(generation, |layout| layout.resolve(ctx).1)
+    }
+
+    // ----- control interface ---------------------------------------------
+
+    fn lock_control(&self) -> MutexGuard<'_, Model> {
+        // Batches are applied to a copy and swapped in whole, so a panic
+        // cannot leave the model half-updated.
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs a batch: `f` against a copy of the model; if it and the compile
+    /// succeed, `on_commit` and the commit (which cannot fail).
+    fn transact(&self, f: impl FnOnce(&mut Txn) -> Result<()>, on_commit: impl FnOnce()) -> Result<ApplyReport> {
+        let mut guard = self.lock_control();
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("stage '{}' is shut down", self.name)));
+        }
+        let mut txn = Txn {
+            model: guard.clone(),
+            counters: &self.counters,
+            configs: Vec::new(),
+            retired: Vec::new(),
+            created: Vec::new(),
+            freed: Vec::new(),
+            warnings: Vec::new(),
+            structural: false,
+            batch_routes: HashSet::new(),
+        };
+        f(&mut txn)?;
+        let layout = if txn.structural { Some(compile(&txn.model)?) } else { None };
+        // Commit: nothing below can fail.
+        on_commit();
+        for (obj, set) in &txn.configs {
+            obj.configure(set);
+        }
+        for obj in &txn.created {
+            for &i in &txn.model.closed_instances {
+                obj.close_instance(i);
+            }
+        }
+        txn.model.free_slots.extend(txn.freed.drain(..));
+        if let Some(l) = layout {
+            txn.model.generation += 1;
+            self.layout.store(Arc::new(l));
+            self.layout_generation.store(txn.model.generation, Ordering::Release);
+        }
+        let report = ApplyReport {
+            configured: txn.configs.len(),
+            generation: txn.model.generation,
+            warnings: std::mem::take(&mut txn.warnings),
+        };
+        *guard = txn.model;
+        drop(guard);
+        // New requests can no longer reach these; release the ones inside.
+        for o in txn.retired {
+            o.retire();
+        }
+        Ok(report)
+    }
+
+    /// Applies a batch of rules, all or nothing.
+    pub fn apply(&self, rules: &RuleSet) -> Result<ApplyReport> {
+        self.transact(|txn| rules.rules.iter().try_for_each(|e| txn.apply(e)), || rules.commit_contexts())
+    }
+
+    /// Applies rules built in code, all or nothing.
+    pub fn apply_rules(&self, rules: impl IntoIterator<Item = Rule>) -> Result<ApplyReport> {
+        self.apply(&RuleSet::from_rules(rules))
+    }
+
+    /// Changes one object's configuration (an enforcement rule).
+    pub fn configure(&self, channel: &str, object: &str, set: ObjectConfig) -> Result<ApplyReport> {
+        self.apply_rules([Rule::configure(channel, object, set)])
+    }
+
+    /// Adds an application-defined object to a channel. With `matches`,
+    /// requests it matches go to the object; without, it becomes the
+    /// channel's default object.
+    pub fn create_custom_object(
+        &self,
+        channel: &str,
+        object: &str,
+        custom: Arc<dyn EnforcementObject>,
+        matches: Option<Match>,
+    ) -> Result<ApplyReport> {
+        let loc = Location::default();
+        self.transact(|txn| txn.add_object(channel, object, Object::Custom(custom), matches.as_ref(), &loc), || ())
+    }
+
+    /// A handle to configure one object directly, for control loops that
+    /// re-tune the same objects often.
+    pub fn object(&self, channel: &str, object: &str) -> Option<ObjectHandle> {
+        let m = self.lock_control();
+        let ch = m.channel(channel)?;
+        let o = ch.objects.iter().find(|o| &*o.id == object)?;
+        Some(ObjectHandle { label: format!("{channel}/{object}").into(), object: Arc::clone(&o.object) })
+    }
+
+    /// Identity and layout: name, id, pid, host, channels, objects with
+    /// their current configuration, routes, and the workflows seen so far.
+    pub fn stage_info(&self) -> StageInfo {
+        // Read under the control lock, not copied: control calls only.
+        let m = self.lock_control();
+        let coverage = self.coverage_of(&m);
+        let (workflows, _) = self.counters.workflow_totals();
+        let route_info = |r: &RouteModel| RouteInfo { matches: r.matches.clone(), target: r.target.to_string() };
+        StageInfo {
+            name: self.name.clone(),
+            id: self.id,
+            pid: std::process::id(),
+            host: hostname(),
+            generation: m.generation,
+            default_channel: m.default_channel.to_string(),
+            routes: m.routes.iter().map(route_info).collect(),
+            channels: m
+                .channels
+                .iter()
+                .map(|c| ChannelInfo {
+                    id: c.id.to_string(),
+                    default_object: c.default_object.as_ref().map(|d| d.to_string()),
+                    routes: c.routes.iter().map(route_info).collect(),
+                    objects: c
+                        .objects
+                        .iter()
+                        .map(|o| ObjectInfo {
+                            id: o.id.to_string(),
+                            kind: ObjectKind::of(o.object.kind()),
+                            spec: o.object.spec(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            workflows: workflows.into_iter().map(|(w, _, _)| WorkflowId(w)).collect(),
+            instances: m
+                .open_instances
+                .iter()
+                .map(|(id, owner)| InstanceInfo { id: *id, owner: owner.to_string() })
+                .collect(),
+            coverage: coverage.to_vec(),
+        }
+    }
+
+    /// The coverage of the model's layout, computed once per generation.
+    fn coverage_of(&self, m: &Model) -> Arc<[Coverage]> {
+        let mut cache = self.coverage.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((g, c)) = cache.as_ref()
+            && *g == m.generation
+        {
+            return Arc::clone(c);
+        }
+        let mut contexts = RequestContext::BUILTINS.to_vec();
+        for r in m.routes.iter().chain(m.channels.iter().flat_map(|c| c.routes.iter())) {
+            contexts.extend(r.matches.context.values().iter().copied());
+        }
+        contexts.sort();
+        contexts.dedup();
+        let layout = self.layout.load_full();
+        let c: Arc<[Coverage]> = coverage(&layout, m, &contexts).into();
+        *cache = Some((m.generation, Arc::clone(&c)));
+        c
+    }
+
+    /// Monotonic counters since the stage started, with a timestamp. Rates
+    /// come from the difference of two collections ([`Collection::rates_since`]);
+    /// collecting resets nothing, so any number of readers can do this.
+    pub fn collect(&self) -> Collection {
+        // Read under the control lock, not copied: control calls only (the
+        // data path never takes it).
+        let m = self.lock_control();
+        let elapsed_ns = now_ns().saturating_sub(self.started_ns);
+        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut channels = Vec::new();
+        let mut objects = Vec::new();
+        for c in &m.channels {
+            let (ops, bytes) = c.slot.total(&self.counters);
+            channels.push(ChannelCounters { channel: c.id.to_string(), counter: Counter { ops, bytes } });
+            for o in &c.objects {
+                let (ops, bytes) = o.slot.total(&self.counters);
+                objects.push(ObjectCounters {
+                    channel: c.id.to_string(),
+                    object: o.id.to_string(),
+                    kind: ObjectKind::of(o.object.kind()),
+                    incarnation: o.slot.incarnation,
+                    counter: Counter { ops, bytes },
+                    stats: o.object.stats(),
+                });
+            }
+        }
+        let contexts = self
+            .counters
+            .context_totals()
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, (ops, _))| ops > 0)
+            .filter_map(|(i, (ops, bytes))| {
+                RequestContext::from_id(i as u16)
+                    .map(|context| ContextCounters { context, counter: Counter { ops, bytes } })
+            })
+            .collect();
+        let (wf, (oo, ob)) = self.counters.workflow_totals();
+        Collection {
+            stage: self.name.clone(),
+            stage_id: self.id,
+            generation: m.generation,
+            elapsed_ns,
+            unix_ms,
+            channels,
+            objects,
+            contexts,
+            workflows: wf
+                .into_iter()
+                .map(|(w, ops, bytes)| WorkflowCounters { workflow: WorkflowId(w), counter: Counter { ops, bytes } })
+                .collect(),
+            other_workflows: Counter { ops: oo, bytes: ob },
+            jobs: self
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(&(instance, context), &(begun, completed))| {
+                    let completed = completed.min(begun);
+                    JobCounters { context, instance, begun, completed, running: begun - completed }
+                })
+                .collect(),
+        }
+    }
+
+    /// Records that a job of `context` began in `instance` (a flush, a
+    /// compaction, a backup run): layers that know when jobs run report it
+    /// here, and control planes read running jobs from
+    /// [`Collection::jobs`]. Jobs are counted, not timed; a job that begins
+    /// and ends between two collections still shows in `begun`. Every
+    /// `job_started` must be matched by one [`job_finished`](Self::job_finished),
+    /// whether the job completed, failed or was cut short.
+    pub fn job_started(&self, instance: InstanceId, context: RequestContext) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry((instance, context)).or_default().0 += 1;
+    }
+
+    /// Records that a job of `context` in `instance` ended.
+    pub fn job_finished(&self, instance: InstanceId, context: RequestContext) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry((instance, context)).or_default().1 += 1;
+    }
+
+    /// Opens `instance` on the stage for `owner` (a DB's path, a tenant's
+    /// name): requests of a closed instance are subject to limits again.
+    /// Fails if the instance is already open, so two DBs sharing a stage
+    /// cannot silently share an instance id (and with it their counters,
+    /// limits and closing).
+    pub fn open_instance(&self, instance: InstanceId, owner: &str) -> Result<()> {
+        let mut m = self.lock_control();
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("stage '{}' is shut down", self.name)));
+        }
+        if let Some((_, by)) = m.open_instances.iter().find(|(i, _)| *i == instance) {
+            return Err(Error::invalid(format!(
+                "instance {instance} of stage '{}' is already open (by {by}); give each DB on a shared stage its own instance id",
+                self.name
+            )));
+        }
+        m.open_instances.push((instance, owner.into()));
+        if let Some(pos) = m.closed_instances.iter().position(|&i| i == instance) {
+            m.closed_instances.remove(pos);
+            for o in m.objects() {
+                o.open_instance(instance);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes `instance` (a DB shutting down): every request of it that
+    /// waits in any object is admitted at once, and its later requests are
+    /// not held, until it is opened again. Idempotent.
+    pub fn close_instance(&self, instance: InstanceId) {
+        let mut m = self.lock_control();
+        m.open_instances.retain(|(i, _)| *i != instance);
+        if !m.closed_instances.contains(&instance) {
+            m.closed_instances.push(instance);
+        }
+        for o in m.objects() {
+            o.close_instance(instance);
+        }
+    }
+
+    /// Shuts the stage down: every waiting request fails with
+    /// [`EnforceError::ShutDown`], and so does every later one. Idempotent.
+    pub fn shutdown(&self) {
+        let m = self.lock_control();
+        self.shut_down.store(true, Ordering::Release);
+        for o in m.objects() {
+            o.shutdown();
+        }
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn hostname() -> String {
+    rustix::system::uname().nodename().to_string_lossy().into_owned()
+}
