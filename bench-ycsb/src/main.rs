@@ -13,7 +13,7 @@ use bench_ycsb::systems::{self, DbOptions, SystemConfig, SystemKind};
 use bench_ycsb::workload::Workload;
 use bench_ycsb::{Error, Result};
 use clap::{Args, Parser, Subcommand};
-use kv_stage::units::{Rate, parse_duration};
+use kv_stage::units::{Bandwidth, parse_duration};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -98,13 +98,13 @@ struct RunArgs {
     duration: Duration,
     /// Emulated device bandwidth (shared by reads and writes).
     #[arg(long, default_value = "64MiB/s")]
-    device: Rate,
+    device: Bandwidth,
     /// KVS_B: SILK's budget, the auto-tuned limiter's maximum, what static limits split.
     #[arg(long, default_value = "56MiB/s")]
-    kvs_bandwidth: Rate,
+    kvs_bandwidth: Bandwidth,
     /// SILK's min_B.
     #[arg(long, default_value = "4MiB/s")]
-    min_bandwidth: Rate,
+    min_bandwidth: Bandwidth,
     /// Runs per system (systems alternate).
     #[arg(long, default_value_t = 1)]
     repeats: usize,
@@ -165,13 +165,6 @@ fn load_base(w: &Workload, db: &DbOptions, path: &Path, seed: u64, quiet: bool) 
     Ok(base)
 }
 
-fn rate_bps(key: &str, r: Rate) -> Result<f64> {
-    if r.unit() != kv_stage::RateUnit::Bytes || r.is_unlimited() || r.per_sec() <= 0.0 {
-        return Err(Error::Usage(format!("--{key} must be a positive bandwidth such as \"64MiB/s\", not {r}")));
-    }
-    Ok(r.per_sec())
-}
-
 fn run(a: RunArgs) -> Result<BenchReport> {
     let w = workload(&a.workload)?;
     let kinds = SystemKind::parse_list(&a.systems)?;
@@ -183,13 +176,13 @@ fn run(a: RunArgs) -> Result<BenchReport> {
     }
     let profile = Profile::parse(&a.profile)?;
     let cfg = SystemConfig {
-        device_bps: rate_bps("device", a.device)?,
-        kvs_bps: rate_bps("kvs-bandwidth", a.kvs_bandwidth)?,
-        min_bps: rate_bps("min-bandwidth", a.min_bandwidth)?,
+        device: a.device,
+        kvs: a.kvs_bandwidth,
+        min: a.min_bandwidth,
         silk_interval_ms: 10,
         db: DbOptions::default(),
     };
-    if cfg.min_bps > cfg.kvs_bps {
+    if cfg.min > cfg.kvs {
         return Err(Error::Usage("--min-bandwidth must not exceed --kvs-bandwidth".into()));
     }
     std::fs::create_dir_all(&a.out).map_err(Error::io(format!("creating {}", a.out.display())))?;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, SilkConfig};
-use kv_stage::{ObjectConfig, Rate, Stage};
+use kv_stage::{Bandwidth, ObjectConfig, Rate, Stage};
 use rocks_env::{Device, RocksLayout, StagedDb};
 use serde::Serialize;
 
@@ -136,17 +136,24 @@ impl DbOptions {
 /// Settings shared by all systems of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SystemConfig {
-    /// Emulated device bandwidth (bytes/s).
-    pub device_bps: f64,
-    /// `KVS_B` (bytes/s): SILK's budget, the auto-tuned limiter's maximum,
-    /// and what the static limits split.
-    pub kvs_bps: f64,
-    /// SILK's `min_B` (bytes/s).
-    pub min_bps: f64,
+    /// Emulated device bandwidth (bytes/s in the report).
+    #[serde(rename = "device_bps", serialize_with = "bytes_per_sec")]
+    pub device: Bandwidth,
+    /// `KVS_B`: SILK's budget, the auto-tuned limiter's maximum, and what
+    /// the static limits split.
+    #[serde(rename = "kvs_bps", serialize_with = "bytes_per_sec")]
+    pub kvs: Bandwidth,
+    /// SILK's `min_B`.
+    #[serde(rename = "min_bps", serialize_with = "bytes_per_sec")]
+    pub min: Bandwidth,
     /// SILK's interval.
     pub silk_interval_ms: u64,
     /// RocksDB options.
     pub db: DbOptions,
+}
+
+fn bytes_per_sec<S: serde::Serializer>(b: &Bandwidth, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(b.bytes_per_sec())
 }
 
 /// A system, open and ready for clients.
@@ -168,22 +175,23 @@ pub struct RunningSystem {
 /// Opens `kind` on a copy of the loaded DB at `path`. A controller, if the
 /// system has one, appends its decision log to `decision_log`.
 pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Option<&Path>) -> Result<RunningSystem> {
-    let device = Device::new(Rate::bytes_per_sec(cfg.device_bps).map_err(|e| Error::Usage(e.to_string()))?)?;
+    let device = Device::new(cfg.device);
     let stage = Arc::new(Stage::new(kind.name()));
     let mut options = cfg.db.rocksdb();
-    let kvs = Rate::bytes_per_sec(cfg.kvs_bps).map_err(|e| Error::Usage(e.to_string()))?;
+    let kvs = cfg.kvs;
     match kind {
         SystemKind::RocksDb => {}
         SystemKind::RocksDbAutotuned => {
-            options.set_auto_tuned_ratelimiter(cfg.kvs_bps as i64, 100_000, 10);
+            options.set_auto_tuned_ratelimiter(cfg.kvs.bytes_per_sec() as i64, 100_000, 10);
         }
         SystemKind::PaioSilk => {
             RocksLayout::new().install(&stage)?;
         }
         SystemKind::PaioStatic => {
             let h = RocksLayout::new().install(&stage)?;
-            let third =
-                ObjectConfig::rate(Rate::bytes_per_sec(kvs.per_sec() / 3.0).map_err(|e| Error::Usage(e.to_string()))?);
+            let third = ObjectConfig::rate(
+                Rate::bytes_per_sec(kvs.bytes_per_sec() / 3.0).map_err(|e| Error::Usage(e.to_string()))?,
+            );
             for o in [&h.flush, &h.compaction_l0, &h.compaction_ln] {
                 o.configure(&third)?;
             }
@@ -194,8 +202,9 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         SystemKind::PaioSilk => {
             let mut c = ControllerConfig::silk(SilkConfig {
                 kvs_bandwidth: kvs,
-                min_bandwidth: Rate::bytes_per_sec(cfg.min_bps).map_err(|e| Error::Usage(e.to_string()))?,
-                hysteresis: Rate::bytes_per_sec(cfg.min_bps / 4.0).map_err(|e| Error::Usage(e.to_string()))?,
+                min_bandwidth: cfg.min,
+                hysteresis: Rate::bytes_per_sec(cfg.min.bytes_per_sec() / 4.0)
+                    .map_err(|e| Error::Usage(e.to_string()))?,
             });
             c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
             c.log = decision_log.map(Path::to_path_buf);

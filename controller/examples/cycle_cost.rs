@@ -79,8 +79,11 @@ fn main() {
                     let _ = stage.enforce(&Context::new(RequestType::Write, 4096).in_context(ctx));
                 }
                 // A flush or an L0 compaction runs about half the time.
-                if n % 2000 == 0 {
-                    stage.job_started(InstanceId(0), if n % 4000 == 0 { C::BG_FLUSH } else { C::BG_COMPACTION_L0_L1 });
+                if n.is_multiple_of(2000) {
+                    stage.job_started(
+                        InstanceId(0),
+                        if n.is_multiple_of(4000) { C::BG_FLUSH } else { C::BG_COMPACTION_L0_L1 },
+                    );
                 } else if n % 2000 == 1000 {
                     stage.job_finished(
                         InstanceId(0),
@@ -88,7 +91,7 @@ fn main() {
                     );
                 }
                 n += 1;
-                if n % 64 == 0 {
+                if n.is_multiple_of(64) {
                     std::thread::sleep(Duration::from_micros(50));
                 }
             }

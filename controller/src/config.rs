@@ -25,7 +25,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kv_stage::units::{Rate, RateUnit};
+use kv_stage::units::{Bandwidth, Rate, RateUnit};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -50,21 +50,21 @@ pub enum PolicyKind {
 pub struct SilkConfig {
     /// `KVS_B`: the bandwidth the key-value store may use in total.
     #[serde(default = "SilkConfig::default_kvs")]
-    pub kvs_bandwidth: Rate,
+    pub kvs_bandwidth: Bandwidth,
     /// `min_B`: the floor every background flow keeps.
     #[serde(default = "SilkConfig::default_min")]
-    pub min_bandwidth: Rate,
+    pub min_bandwidth: Bandwidth,
     /// Rate changes smaller than this are skipped.
     #[serde(default = "SilkConfig::default_hysteresis")]
     pub hysteresis: Rate,
 }
 
 impl SilkConfig {
-    fn default_kvs() -> Rate {
-        Rate::bytes_per_sec(200.0 * 1048576.0).expect("constant")
+    fn default_kvs() -> Bandwidth {
+        Bandwidth::new(200.0 * 1048576.0).expect("constant")
     }
-    fn default_min() -> Rate {
-        Rate::bytes_per_sec(10.0 * 1048576.0).expect("constant")
+    fn default_min() -> Bandwidth {
+        Bandwidth::new(10.0 * 1048576.0).expect("constant")
     }
     fn default_hysteresis() -> Rate {
         Rate::bytes_per_sec(10.0 * 1048576.0).expect("constant")
@@ -102,7 +102,7 @@ pub struct InstanceConfig {
 #[serde(deny_unknown_fields)]
 pub struct FairShareConfig {
     /// `Max_B`: the device's bandwidth.
-    pub device_bandwidth: Rate,
+    pub device_bandwidth: Bandwidth,
     /// The instances (more can join at run time).
     #[serde(default, rename = "instance")]
     pub instances: Vec<InstanceConfig>,
@@ -126,19 +126,6 @@ pub struct ControllerConfig {
     /// Fair-share parameters (required for the other policies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_share: Option<FairShareConfig>,
-}
-
-fn positive_bytes(key: &str, r: Rate) -> Result<f64> {
-    if r.unit() != RateUnit::Bytes {
-        return Err(Error::config(key, format!("must be a bandwidth in bytes per second, not {r}")));
-    }
-    if r.is_unlimited() {
-        return Err(Error::config(key, "must be finite"));
-    }
-    if r.per_sec() <= 0.0 {
-        return Err(Error::config(key, format!("must be greater than zero, not {r}")));
-    }
-    Ok(r.per_sec())
 }
 
 impl ControllerConfig {
@@ -183,9 +170,7 @@ impl ControllerConfig {
         }
         match self.policy {
             PolicyKind::Silk => {
-                let kvs = positive_bytes("silk.kvs_bandwidth", self.silk.kvs_bandwidth)?;
-                let min = positive_bytes("silk.min_bandwidth", self.silk.min_bandwidth)?;
-                if min > kvs {
+                if self.silk.min_bandwidth > self.silk.kvs_bandwidth {
                     return Err(Error::config(
                         "silk.min_bandwidth",
                         format!("{} is above silk.kvs_bandwidth {}", self.silk.min_bandwidth, self.silk.kvs_bandwidth),
@@ -201,7 +186,6 @@ impl ControllerConfig {
                     .fair_share
                     .as_ref()
                     .ok_or_else(|| Error::config("fair_share", "is required by this policy"))?;
-                positive_bytes("fair_share.device_bandwidth", fs.device_bandwidth)?;
                 let mut names = std::collections::HashSet::new();
                 for (i, inst) in fs.instances.iter().enumerate() {
                     let key = |f: &str| format!("fair_share.instance[{i}].{f}");
@@ -261,7 +245,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.effective_interval(), Duration::from_millis(20));
-        assert_eq!(c.silk.kvs_bandwidth.per_sec(), 100.0 * 1048576.0);
+        assert_eq!(c.silk.kvs_bandwidth.bytes_per_sec(), 100.0 * 1048576.0);
         let d = ControllerConfig::from_toml("policy = \"silk\"\n").unwrap();
         assert_eq!(d.effective_interval(), Duration::from_millis(10));
         assert_eq!(d.silk, SilkConfig::default());

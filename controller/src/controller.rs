@@ -9,12 +9,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kv_stage::{ApplyReport, Collection, ObjectConfig, Rate, RequestContext, Rule, RuleSet, Stage, StageInfo};
+use kv_stage::{ApplyReport, Collection, ObjectConfig, ObjectHandle, Rate, RequestContext, RuleSet, Stage, StageInfo};
 use serde::Serialize;
 
 use crate::config::{ControllerConfig, InstanceConfig, PolicyKind};
 use crate::error::{Error, Result};
-use crate::policy::{Decision, FairShare, FairShareMode, InstanceView, Observation, Policy, Silk};
+use crate::policy::{
+    Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Silk,
+};
 use crate::signals::{ProcIoRates, ProcIoSampler};
 
 /// How the controller reaches a stage: in-process now; a remote stage can
@@ -22,10 +24,31 @@ use crate::signals::{ProcIoRates, ProcIoSampler};
 pub trait StageHandle: Send + Sync {
     /// Monotonic counters (see [`Stage::collect`]).
     fn collect(&self) -> Collection;
-    /// Layout and identity (see [`Stage::stage_info`]).
+    /// Layout and identity (see [`Stage::stage_info`]). The loop asks again
+    /// only when [`Collection::generation`] says the layout changed.
     fn stage_info(&self) -> StageInfo;
     /// Applies rules, all or nothing (see [`Stage::apply`]).
     fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport>;
+    /// A handle on one object, which the loop keeps (until the layout
+    /// changes) and re-configures every cycle without a rules batch.
+    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn ObjectControl>>;
+}
+
+/// Re-configuring one object of a stage (see [`StageHandle::object`]).
+pub trait ObjectControl: Send + Sync {
+    /// Checks a change without applying it.
+    fn check(&self, set: &ObjectConfig) -> kv_stage::Result<()>;
+    /// Applies a change (checking it first).
+    fn configure(&self, set: &ObjectConfig) -> kv_stage::Result<()>;
+}
+
+impl ObjectControl for ObjectHandle {
+    fn check(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+        ObjectHandle::check(self, set)
+    }
+    fn configure(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+        ObjectHandle::configure(self, set)
+    }
 }
 
 impl StageHandle for Stage {
@@ -37,6 +60,9 @@ impl StageHandle for Stage {
     }
     fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
         Stage::apply(self, rules)
+    }
+    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn ObjectControl>> {
+        Stage::object(self, channel, object).map(|h| Arc::new(h) as Arc<dyn ObjectControl>)
     }
 }
 
@@ -97,9 +123,22 @@ pub struct DecisionRecord {
 }
 
 struct Instance {
+    key: InstanceKey,
     name: String,
     handle: Arc<dyn StageHandle>,
     previous: Option<Arc<Collection>>,
+    /// The stage's layout, read again when its generation changes.
+    info: Option<Arc<StageInfo>>,
+    /// Handles on the objects the policy set, valid for `info`'s generation.
+    objects: HashMap<ObjectRef, Arc<dyn ObjectControl>>,
+    /// Rates set last.
+    current: Vec<(ObjectRef, f64)>,
+}
+
+impl Instance {
+    fn new(key: InstanceKey, name: String, handle: Arc<dyn StageHandle>) -> Self {
+        Instance { key, name, handle, previous: None, info: None, objects: HashMap::new(), current: Vec::new() }
+    }
 }
 
 enum Change {
@@ -127,7 +166,7 @@ fn policy_for(config: &ControllerConfig) -> Box<dyn Policy> {
                 PolicyKind::Proportional => FairShareMode::Proportional,
                 _ => FairShareMode::Static,
             };
-            Box::new(FairShare::new(mode, fs.device_bandwidth.per_sec(), fs.instances.clone()))
+            Box::new(FairShare::new(mode, fs.device_bandwidth.bytes_per_sec(), fs.instances.clone()))
         }
     }
 }
@@ -260,13 +299,14 @@ impl ControllerBuilder {
         });
         let state = LoopState {
             interval: self.config.effective_interval(),
+            next_key: self.instances.len() as u32,
             instances: self
                 .instances
                 .into_iter()
-                .map(|(name, handle)| Instance { name, handle, previous: None })
+                .enumerate()
+                .map(|(i, (name, handle))| Instance::new(InstanceKey(i as u32), name, handle))
                 .collect(),
             policy,
-            current: HashMap::new(),
             proc_io: ProcIoSampler::new(self.proc_pid),
             log_file,
             log_flushed: Instant::now(),
@@ -286,9 +326,9 @@ impl ControllerBuilder {
 struct LoopState {
     interval: Duration,
     instances: Vec<Instance>,
+    /// The key the next instance to join gets.
+    next_key: u32,
     policy: Box<dyn Policy>,
-    /// Rates applied last, per (instance name, channel, object).
-    current: HashMap<(String, String, String), f64>,
     proc_io: ProcIoSampler,
     log_file: Option<BufWriter<File>>,
     /// When the log file was last flushed.
@@ -335,12 +375,12 @@ impl LoopState {
             match c {
                 Change::Join(cfg, handle) => {
                     self.instances.retain(|i| i.name != cfg.name);
-                    self.instances.push(Instance { name: cfg.name.clone(), handle, previous: None });
+                    self.instances.push(Instance::new(InstanceKey(self.next_key), cfg.name.clone(), handle));
+                    self.next_key += 1;
                     self.policy.instance_joined(&cfg);
                 }
                 Change::Leave(name) => {
                     self.instances.retain(|i| i.name != name);
-                    self.current.retain(|k, _| k.0 != name);
                     self.policy.instance_left(&name);
                 }
             }
@@ -358,7 +398,15 @@ impl LoopState {
         let mut inputs = Vec::with_capacity(self.instances.len());
         for inst in &mut self.instances {
             let collection = Arc::new(inst.handle.collect());
-            let info = Arc::new(inst.handle.stage_info());
+            let info = match &inst.info {
+                Some(i) if i.generation == collection.generation => Arc::clone(i),
+                _ => {
+                    inst.objects.clear();
+                    let i = Arc::new(inst.handle.stage_info());
+                    inst.info = Some(Arc::clone(&i));
+                    i
+                }
+            };
             let previous = inst.previous.replace(Arc::clone(&collection));
             let (rates, jobs_begun) = match &previous {
                 Some(p) => {
@@ -388,34 +436,34 @@ impl LoopState {
                     v
                 },
             });
-            views.push(InstanceView { name: inst.name.clone(), info, rates, collection, jobs_begun });
+            views.push(InstanceView {
+                key: inst.key,
+                name: inst.name.clone(),
+                info,
+                rates,
+                collection,
+                jobs_begun,
+                current: inst.current.clone(),
+            });
         }
-        let index: HashMap<&str, usize> =
-            self.instances.iter().enumerate().map(|(i, x)| (x.name.as_str(), i)).collect();
-        let current = self
-            .current
-            .iter()
-            .filter_map(|((n, c, o), r)| index.get(n.as_str()).map(|&i| ((i, c.clone(), o.clone()), *r)))
-            .collect();
         let obs = Observation {
             cycle,
             elapsed: now - self.started,
             interval,
             instances: views,
             proc_io: self.proc_io.sample(),
-            current,
         };
 
         let policy = &mut self.policy;
         let outcome = match catch_unwind(AssertUnwindSafe(|| policy.decide(&obs))) {
             Ok(Ok(d)) => check_rates(&d).map(|()| d),
             Ok(Err(e)) => Err(e),
-            Err(p) => Err(format!(
-                "panicked: {}",
+            Err(p) => Err(PolicyError::Panicked(
                 p.downcast_ref::<&str>()
                     .copied()
                     .or_else(|| p.downcast_ref::<String>().map(String::as_str))
                     .unwrap_or("?")
+                    .to_owned(),
             )),
         };
         let mut record = DecisionRecord {
@@ -433,7 +481,7 @@ impl LoopState {
             Err(e) => {
                 // Keep the rates applied last: nothing is changed.
                 self.shared.policy_errors.fetch_add(1, Ordering::Relaxed);
-                record.error = Some(e);
+                record.error = Some(Error::Policy { policy: self.policy.name(), error: e }.to_string());
             }
             Ok(decision) => self.apply(decision, &mut record),
         }
@@ -456,40 +504,69 @@ impl LoopState {
         }
     }
 
+    /// Sets the decided rates through object handles, instance by
+    /// instance: every change of an instance is checked before any is
+    /// applied, so an instance gets all of its rates or none.
     fn apply(&mut self, decision: Decision, record: &mut DecisionRecord) {
         record.notes = decision.notes;
-        // One batch per instance, so an instance's rules apply together.
-        let mut per_instance: Vec<Vec<(String, String, f64)>> = vec![Vec::new(); self.instances.len()];
-        for s in decision.settings {
-            let rate = if s.rate.is_finite() { s.rate.max(RATE_FLOOR) } else { s.rate };
-            if let Some(list) = per_instance.get_mut(s.instance) {
-                list.push((s.channel, s.object, rate));
+        for inst in &mut self.instances {
+            let mut changes: Vec<RateChange> = Vec::new();
+            for s in decision.settings.iter().filter(|s| s.instance == inst.key) {
+                let rate = if s.rate.is_finite() { s.rate.max(RATE_FLOOR) } else { s.rate };
+                let handle = match inst.objects.get(&s.object) {
+                    Some(h) => Ok(Arc::clone(h)),
+                    None => match inst.handle.object(&s.object.channel, &s.object.object) {
+                        Some(h) => {
+                            inst.objects.insert(s.object.clone(), Arc::clone(&h));
+                            Ok(h)
+                        }
+                        None => Err(format!("stage has no object {}", s.object)),
+                    },
+                };
+                changes.push((s.object.clone(), rate, handle));
             }
-        }
-        for (inst, list) in self.instances.iter().zip(per_instance) {
-            if list.is_empty() {
+            if changes.is_empty() {
                 continue;
             }
-            let rules = RuleSet::from_rules(list.iter().map(|(c, o, r)| {
-                let rate = if r.is_finite() { Rate::bytes_per_sec(*r) } else { Ok(Rate::UNLIMITED) };
-                Rule::configure(c, o, ObjectConfig::rate(rate.unwrap_or(Rate::UNLIMITED)))
-            }));
-            let error = inst.handle.apply(&rules).err().map(|e| e.to_string());
-            for (channel, object, rate) in list {
-                if error.is_none() {
-                    self.current.insert((inst.name.clone(), channel.clone(), object.clone()), rate);
+            let config = |rate: f64| {
+                ObjectConfig::rate(if rate.is_finite() {
+                    Rate::bytes_per_sec(rate).unwrap_or(Rate::UNLIMITED)
+                } else {
+                    Rate::UNLIMITED
+                })
+            };
+            let checked: std::result::Result<(), String> = changes.iter().try_for_each(|(o, rate, h)| match h {
+                Ok(h) => h.check(&config(*rate)).map_err(|e| format!("{o}: {e}")),
+                Err(e) => Err(e.clone()),
+            });
+            if checked.is_ok() {
+                for (o, rate, h) in &changes {
+                    if let Ok(h) = h
+                        && h.configure(&config(*rate)).is_ok()
+                    {
+                        match inst.current.iter_mut().find(|(x, _)| x == o) {
+                            Some(c) => c.1 = *rate,
+                            None => inst.current.push((o.clone(), *rate)),
+                        }
+                    }
                 }
+            }
+            for (o, rate, _) in changes {
                 record.settings.push(AppliedSetting {
                     instance: inst.name.clone(),
-                    channel,
-                    object,
+                    channel: o.channel,
+                    object: o.object,
                     rate_bps: rate,
-                    error: error.clone(),
+                    error: checked.clone().err(),
                 });
             }
         }
     }
 }
+
+/// One rate to set on one object, with the handle to set it through (or
+/// why there is none).
+type RateChange = (ObjectRef, f64, std::result::Result<Arc<dyn ObjectControl>, String>);
 
 /// A running control loop. Stops (and joins its thread) when dropped.
 pub struct Controller {
@@ -559,12 +636,9 @@ impl Drop for Controller {
 /// A decision is applied only if every rate is a number or +inf
 /// (unlimited): NaN or -inf is a policy bug, and applying it would fail
 /// open (the rate would become unlimited).
-fn check_rates(d: &Decision) -> Result<(), String> {
+fn check_rates(d: &Decision) -> std::result::Result<(), PolicyError> {
     match d.settings.iter().find(|s| s.rate.is_nan() || s.rate == f64::NEG_INFINITY) {
-        Some(s) => Err(format!(
-            "rate {} for {}/{} of instance {} is not a number of bytes per second; no rate of this cycle was applied",
-            s.rate, s.channel, s.object, s.instance
-        )),
+        Some(s) => Err(PolicyError::InvalidRate { instance: s.instance, object: s.object.clone(), rate: s.rate }),
         None => Ok(()),
     }
 }

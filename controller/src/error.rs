@@ -15,13 +15,14 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// A policy failed in a cycle.
-    #[error("policy {policy}: {message}")]
+    /// A policy failed in a cycle (the previous rates stay; no rate of
+    /// that cycle is applied).
+    #[error("policy {policy}: {error}")]
     Policy {
         /// The policy's name.
         policy: &'static str,
         /// What happened.
-        message: String,
+        error: crate::policy::PolicyError,
     },
     /// Writing the decision log failed.
     #[error("decision log: {0}")]

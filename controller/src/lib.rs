@@ -46,12 +46,12 @@ mod signals;
 
 pub use config::{ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, SilkConfig};
 pub use controller::{
-    AppliedSetting, Controller, ControllerBuilder, DecisionRecord, InstanceInputs, RATE_FLOOR, StageHandle,
-    context_rate,
+    AppliedSetting, Controller, ControllerBuilder, DecisionRecord, InstanceInputs, ObjectControl, RATE_FLOOR,
+    StageHandle, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{
-    Decision, FairShare, FairShareMode, FlowInput, InstanceView, Observation, Policy, Setting, Silk, SilkBranch,
-    SilkInputs, water_fill,
+    Decision, FairShare, FairShareMode, FlowInput, InstanceKey, InstanceView, ObjectRef, Observation, Policy,
+    PolicyError, Setting, Silk, SilkBranch, SilkInputs, water_fill,
 };
 pub use signals::{ProcIo, ProcIoRates};

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{
-    Controller, ControllerConfig, Decision, FairShareConfig, InstanceConfig, Observation, Policy, PolicyKind, Setting,
-    SilkConfig,
+    Controller, ControllerConfig, Decision, FairShareConfig, InstanceConfig, InstanceKey, ObjectRef, Observation,
+    Policy, PolicyError, PolicyKind, Setting, SilkConfig,
 };
 use kv_stage::{DrlSpec, ObjectSpec, Rate, Rule, Stage};
 
@@ -42,14 +42,14 @@ impl Policy for Flaky {
     fn name(&self) -> &'static str {
         "flaky"
     }
-    fn decide(&mut self, obs: &Observation) -> Result<Decision, String> {
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
         let set = |rate| Decision {
-            settings: vec![Setting { instance: 0, channel: "io".into(), object: "drl".into(), rate }],
+            settings: vec![Setting { instance: InstanceKey(0), object: ObjectRef::new("io", "drl"), rate }],
             notes: serde_json::Value::Null,
         };
         match obs.cycle {
             0 => Ok(set(5000.0)),
-            1 | 3 | 5 => Err("no data".into()),
+            1 | 3 | 5 => Err(PolicyError::Failed("no data".into())),
             2 | 4 => panic!("policy bug"),
             _ => Ok(set(0.0)),
         }
@@ -92,7 +92,7 @@ fn fair_share_instances_join_and_leave() {
     let mut cfg = ControllerConfig::fair_share(
         PolicyKind::MaxMin,
         FairShareConfig {
-            device_bandwidth: Rate::bytes_per_sec(1_000_000.0).unwrap(),
+            device_bandwidth: kv_stage::Bandwidth::new(1_000_000.0).unwrap(),
             instances: vec![inst("a"), inst("b")],
         },
     );
@@ -127,7 +127,7 @@ fn bad_bindings_are_refused_at_start() {
     };
     let cfg = ControllerConfig::fair_share(
         PolicyKind::Static,
-        FairShareConfig { device_bandwidth: Rate::bytes_per_sec(1e6).unwrap(), instances: vec![inst] },
+        FairShareConfig { device_bandwidth: kv_stage::Bandwidth::new(1e6).unwrap(), instances: vec![inst] },
     );
     let e = Controller::builder(cfg.clone()).instance("zzz", a.clone()).start().unwrap_err();
     assert!(e.to_string().contains("fair_share.instance[0].name"), "{e}");
@@ -196,9 +196,9 @@ impl Policy for Scripted {
     fn name(&self) -> &'static str {
         "scripted"
     }
-    fn decide(&mut self, _obs: &Observation) -> Result<Decision, String> {
+    fn decide(&mut self, _obs: &Observation) -> Result<Decision, PolicyError> {
         let settings = match self.0.lock().unwrap().pop_front() {
-            Some(rate) => vec![Setting { instance: 0, channel: "io".into(), object: "drl".into(), rate }],
+            Some(rate) => vec![Setting { instance: InstanceKey(0), object: ObjectRef::new("io", "drl"), rate }],
             None => Vec::new(),
         };
         Ok(Decision { settings, notes: serde_json::Value::Null })

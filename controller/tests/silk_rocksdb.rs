@@ -40,8 +40,8 @@ fn silk_shifts_bandwidth_between_flushes_and_ln_compactions() {
     let db = StagedDb::builder(opts).stage(Arc::clone(&stage)).device(device).open(dir.path()).unwrap();
 
     let silk = SilkConfig {
-        kvs_bandwidth: Rate::bytes_per_sec(48.0 * MIB).unwrap(),
-        min_bandwidth: Rate::bytes_per_sec(2.0 * MIB).unwrap(),
+        kvs_bandwidth: kv_stage::Bandwidth::new(48.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::Bandwidth::new(2.0 * MIB).unwrap(),
         // Every cycle sets every rate, so the log shows each decision.
         hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
     };

@@ -70,8 +70,6 @@ mod stage;
 mod stats;
 pub mod units;
 
-/// The importer of the original Paio text rules.
-pub use rules::paio;
 pub use context::{Context, ContextScope, InstanceId, RequestContext, RequestType, WorkflowId, with_context};
 pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Result};
 pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
@@ -80,6 +78,8 @@ pub use objects::{
     BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSpec, EnforcementObject, Noop, Object, ObjectConfig,
     ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
 };
+/// The importer of the original Paio text rules.
+pub use rules::paio;
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{
     ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, DEFAULT_CHANNEL,
@@ -87,7 +87,7 @@ pub use stage::{
     WorkflowCounters,
 };
 pub use stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
-pub use units::{Amount, Rate, RateUnit};
+pub use units::{Amount, Bandwidth, Rate, RateUnit};
 
 /// Internals exposed for the criterion benchmarks only; not a stable API.
 #[doc(hidden)]

@@ -253,6 +253,74 @@ impl<'de> Deserialize<'de> for Rate {
     }
 }
 
+/// What a device or a budget can move: a positive, finite number of bytes
+/// per second, such as `"64MiB/s"`. Checked once, when made; everything
+/// that takes a bandwidth (the emulated device, SILK's `KVS_B` and `min_B`,
+/// the fair-share capacity, the benchmark's flags) takes this type.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Bandwidth(f64);
+
+impl Bandwidth {
+    /// `bytes_per_sec` bytes per second; fails unless positive and finite.
+    pub fn new(bytes_per_sec: f64) -> Result<Self, UnitError> {
+        if bytes_per_sec.is_finite() && bytes_per_sec > 0.0 {
+            Ok(Bandwidth(bytes_per_sec))
+        } else {
+            err(format!(
+                "a bandwidth must be a positive, finite number of bytes per second (such as \"64MiB/s\"), not {bytes_per_sec}"
+            ))
+        }
+    }
+
+    /// Bytes per second.
+    pub fn bytes_per_sec(self) -> f64 {
+        self.0
+    }
+
+    /// The same, as a [`Rate`] in bytes.
+    pub fn rate(self) -> Rate {
+        Rate { per_sec: self.0, unit: RateUnit::Bytes }
+    }
+}
+
+impl TryFrom<Rate> for Bandwidth {
+    type Error = UnitError;
+    fn try_from(r: Rate) -> Result<Self, UnitError> {
+        if r.unit() != RateUnit::Bytes {
+            return err(format!("a bandwidth counts bytes, not operations ({r})"));
+        }
+        if r.is_unlimited() {
+            return err("a bandwidth must be finite, not \"unlimited\"".to_owned());
+        }
+        Bandwidth::new(r.per_sec())
+    }
+}
+
+impl FromStr for Bandwidth {
+    type Err = UnitError;
+    fn from_str(s: &str) -> Result<Self, UnitError> {
+        s.parse::<Rate>()?.try_into()
+    }
+}
+
+impl fmt::Display for Bandwidth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.rate().fmt(f)
+    }
+}
+
+impl Serialize for Bandwidth {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.rate().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bandwidth {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Rate::deserialize(d)?.try_into().map_err(de::Error::custom)
+    }
+}
+
 /// A non-negative amount of tokens: bytes (`"1MiB"`, `"8Mi"`, `4096`) or, for
 /// ops-based limits, a plain count.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -399,6 +467,21 @@ pub mod opt_duration_str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bandwidths_are_positive_finite_bytes() {
+        let b: Bandwidth = "64MiB/s".parse().unwrap();
+        assert_eq!(b.bytes_per_sec(), 64.0 * 1048576.0);
+        assert_eq!(b.to_string(), "64MiB/s");
+        assert_eq!(serde_json::to_string(&b).unwrap(), "\"64MiB/s\"");
+        assert_eq!(serde_json::from_str::<Bandwidth>("1048576").unwrap().bytes_per_sec(), 1048576.0);
+        for (bad, says) in [("0", "positive"), ("unlimited", "finite"), ("100ops/s", "bytes"), ("fast", "number")] {
+            let e = bad.parse::<Bandwidth>().unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert!(Bandwidth::new(f64::NAN).is_err());
+        assert!(Bandwidth::new(-1.0).is_err());
+    }
 
     #[test]
     fn bytes_si_and_binary() {

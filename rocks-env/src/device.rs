@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kv_stage::{Context, Drl, DrlSpec, EnforceError, EnforcementObject, ObjectConfig, Rate, RateUnit, RequestType};
+use kv_stage::{Bandwidth, Context, Drl, DrlSpec, EnforceError, EnforcementObject, ObjectConfig, RequestType};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -45,7 +45,7 @@ pub struct DeviceStats {
 /// An emulated device of a given bandwidth.
 pub struct Device {
     drl: Drl,
-    bandwidth: Mutex<Rate>,
+    bandwidth: Mutex<Bandwidth>,
 }
 
 impl std::fmt::Debug for Device {
@@ -54,42 +54,34 @@ impl std::fmt::Debug for Device {
     }
 }
 
-fn check(bandwidth: Rate) -> Result<()> {
-    if bandwidth.unit() != RateUnit::Bytes || bandwidth.is_unlimited() || bandwidth.per_sec() <= 0.0 {
-        return Err(Error::Config(format!(
-            "device bandwidth must be a positive number of bytes per second (such as \"128MiB/s\"), not {bandwidth}"
-        )));
-    }
-    Ok(())
-}
-
 impl Device {
-    /// A device of `bandwidth` bytes per second, shared by reads and writes.
-    pub fn new(bandwidth: Rate) -> Result<Arc<Device>> {
-        check(bandwidth)?;
-        let spec = DrlSpec { rate: bandwidth, burst: None, refill_period: Some(BURST) };
-        let drl = Drl::new(spec).map_err(|e| Error::Config(format!("device: {}: {}", e.field, e.message)))?;
-        Ok(Arc::new(Device { drl, bandwidth: Mutex::new(bandwidth) }))
+    /// A device of `bandwidth`, shared by reads and writes.
+    pub fn new(bandwidth: Bandwidth) -> Arc<Device> {
+        let spec = DrlSpec { rate: bandwidth.rate(), burst: None, refill_period: Some(BURST) };
+        let drl = Drl::new(spec).expect("a positive bandwidth with a 1 ms burst is a valid DRL");
+        Arc::new(Device { drl, bandwidth: Mutex::new(bandwidth) })
     }
 
     /// Parses a bandwidth such as `"128MiB/s"`.
     pub fn parse(bandwidth: &str) -> Result<Arc<Device>> {
-        let rate: Rate = bandwidth.parse().map_err(|e| Error::Config(format!("device bandwidth: {e}")))?;
-        Self::new(rate)
+        let b: Bandwidth = bandwidth.parse().map_err(|e| Error::Config(format!("device bandwidth: {e}")))?;
+        Ok(Self::new(b))
     }
 
     /// The bandwidth.
-    pub fn bandwidth(&self) -> Rate {
+    pub fn bandwidth(&self) -> Bandwidth {
         *self.bandwidth.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Changes the bandwidth; requests already waiting see the change.
-    pub fn set_bandwidth(&self, bandwidth: Rate) -> Result<()> {
-        check(bandwidth)?;
+    pub fn set_bandwidth(&self, bandwidth: Bandwidth) {
         let mut b = self.bandwidth.lock().unwrap_or_else(|e| e.into_inner());
-        self.drl.configure(&ObjectConfig { rate: Some(bandwidth), refill_period: Some(BURST), ..Default::default() });
+        self.drl.configure(&ObjectConfig {
+            rate: Some(bandwidth.rate()),
+            refill_period: Some(BURST),
+            ..Default::default()
+        });
         *b = bandwidth;
-        Ok(())
     }
 
     /// Waits for the transfer of `size` bytes, in pieces of at most
@@ -108,7 +100,12 @@ impl Device {
     /// Waiting statistics.
     pub fn stats(&self) -> DeviceStats {
         let s = self.drl.stats();
-        DeviceStats { bandwidth: self.bandwidth().per_sec(), waits: s.waits, wait_ns: s.wait_ns, waiting: s.waiting }
+        DeviceStats {
+            bandwidth: self.bandwidth().bytes_per_sec(),
+            waits: s.waits,
+            wait_ns: s.wait_ns,
+            waiting: s.waiting,
+        }
     }
 }
 

@@ -32,8 +32,8 @@ fn silk_splits_what_is_left_between_two_dbs_flushing_at_once() {
     let (db1, db2) = (open(&d1, 1), open(&d2, 2));
     let (kvs, min) = (64.0 * MIB, 4.0 * MIB);
     let mut cfg = ControllerConfig::silk(SilkConfig {
-        kvs_bandwidth: Rate::bytes_per_sec(kvs).unwrap(),
-        min_bandwidth: Rate::bytes_per_sec(min).unwrap(),
+        kvs_bandwidth: kv_stage::Bandwidth::new(kvs).unwrap(),
+        min_bandwidth: kv_stage::Bandwidth::new(min).unwrap(),
         // Every cycle sets every rate, so each record holds a whole decision.
         hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
     });

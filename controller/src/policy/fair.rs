@@ -25,7 +25,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Decision, Observation, Policy, Setting};
+use super::{Decision, ObjectRef, Observation, Policy, PolicyError, Setting};
 use crate::config::InstanceConfig;
 
 /// Which fair-share variant.
@@ -198,21 +198,21 @@ impl Policy for FairShare {
         }
     }
 
-    fn decide(&mut self, obs: &Observation) -> Result<Decision, String> {
-        // Instances are matched to the controller's by name.
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
+        // Instances are matched to the configured ones by name.
         let mut active = Vec::new();
-        for (i, v) in obs.instances.iter().enumerate() {
+        for v in &obs.instances {
             let Some(cfg) = self.instances.iter().find(|c| c.name == v.name) else { continue };
             let usage = v.rates.object(&cfg.channel, &cfg.object).bytes_per_sec;
-            let limit = obs.current_rate(i, &cfg.channel, &cfg.object);
-            active.push((i, cfg, FlowInput { demand: cfg.demand.per_sec(), usage, limit }));
+            let limit = v.current_rate(&cfg.channel, &cfg.object);
+            active.push((v.key, cfg, FlowInput { demand: cfg.demand.per_sec(), usage, limit }));
         }
         let inputs: Vec<FlowInput> = active.iter().map(|a| a.2).collect();
         let rates = self.allocate(&inputs);
         let mut settings = Vec::new();
         let mut notes = Vec::new();
         for ((i, cfg, input), rate) in active.iter().zip(rates) {
-            settings.push(Setting { instance: *i, channel: cfg.channel.clone(), object: cfg.object.clone(), rate });
+            settings.push(Setting { instance: *i, object: ObjectRef::new(&cfg.channel, &cfg.object), rate });
             notes.push(json!({
                 "instance": cfg.name,
                 "demand_bps": input.demand,

@@ -15,9 +15,72 @@ pub use silk::{Silk, SilkBranch, SilkInputs};
 
 use crate::signals::ProcIoRates;
 
+/// An instance the controller drives (a stage it was bound to, or that
+/// joined): stable while the instance stays, never reused in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct InstanceKey(pub u32);
+
+impl std::fmt::Display for InstanceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// One object of a stage.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectRef {
+    /// Channel id.
+    pub channel: String,
+    /// Object id.
+    pub object: String,
+}
+
+impl ObjectRef {
+    /// `channel/object`.
+    pub fn new(channel: impl Into<String>, object: impl Into<String>) -> Self {
+        ObjectRef { channel: channel.into(), object: object.into() }
+    }
+
+    /// Whether this is `channel/object`.
+    pub fn is(&self, channel: &str, object: &str) -> bool {
+        self.channel == channel && self.object == object
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.channel, self.object)
+    }
+}
+
+/// Why a policy made no decision in a cycle (the previous rates stay).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The policy could not decide (missing data, a bad state).
+    #[error("{0}")]
+    Failed(String),
+    /// The policy panicked.
+    #[error("panicked: {0}")]
+    Panicked(String),
+    /// The policy asked for a rate that is not a number of bytes per second
+    /// (NaN or -inf; only +inf means unlimited).
+    #[error("rate {rate} for {object} of instance {instance} is not a number of bytes per second")]
+    InvalidRate {
+        /// The instance.
+        instance: InstanceKey,
+        /// The object.
+        object: ObjectRef,
+        /// The rate asked for.
+        rate: f64,
+    },
+}
+
 /// What the controller saw of one instance (a stage) in a cycle.
 #[derive(Debug, Clone)]
 pub struct InstanceView {
+    /// The instance's key (what a [`Setting`] names).
+    pub key: InstanceKey,
     /// The instance's name.
     pub name: String,
     /// Its stage's layout.
@@ -29,6 +92,8 @@ pub struct InstanceView {
     /// Jobs begun since the previous cycle, per instance of the stage (a DB
     /// sharing it) and request context.
     pub jobs_begun: HashMap<(InstanceId, RequestContext), u64>,
+    /// Rates the controller set last on this instance's objects.
+    pub current: Vec<(ObjectRef, f64)>,
 }
 
 impl InstanceView {
@@ -61,6 +126,11 @@ impl InstanceView {
         v.dedup();
         v
     }
+
+    /// The rate the controller set last on `channel/object`, if any.
+    pub fn current_rate(&self, channel: &str, object: &str) -> Option<f64> {
+        self.current.iter().find(|(o, _)| o.is(channel, object)).map(|(_, r)| *r)
+    }
 }
 
 /// Everything a policy sees in one cycle.
@@ -76,27 +146,16 @@ pub struct Observation {
     pub instances: Vec<InstanceView>,
     /// `/proc/self/io` rates: the device-level view of this process.
     pub proc_io: Option<ProcIoRates>,
-    /// Rates the controller applied last, per `(instance, channel, object)`.
-    pub current: HashMap<(usize, String, String), f64>,
-}
-
-impl Observation {
-    /// The rate last applied to an object, if any.
-    pub fn current_rate(&self, instance: usize, channel: &str, object: &str) -> Option<f64> {
-        self.current.get(&(instance, channel.to_owned(), object.to_owned())).copied()
-    }
 }
 
 /// One rate to set.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Setting {
-    /// Instance index.
-    pub instance: usize,
-    /// Channel of the object.
-    pub channel: String,
-    /// Object id.
-    pub object: String,
-    /// Bytes per second.
+    /// The instance.
+    pub instance: InstanceKey,
+    /// The object (a DRL).
+    pub object: ObjectRef,
+    /// Bytes per second (`INFINITY`: unlimited).
     pub rate: f64,
 }
 
@@ -116,7 +175,7 @@ pub trait Policy: Send {
     fn name(&self) -> &'static str;
 
     /// Decides the rates for this cycle. An error keeps the previous rates.
-    fn decide(&mut self, obs: &Observation) -> Result<Decision, String>;
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError>;
 
     /// An instance joined (fair-share policies add it to the share).
     fn instance_joined(&mut self, _config: &crate::config::InstanceConfig) {}

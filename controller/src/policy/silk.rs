@@ -14,7 +14,7 @@ use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Decision, Observation, Policy, Setting};
+use super::{Decision, InstanceView, ObjectRef, Observation, Policy, PolicyError, Setting};
 use crate::config::SilkConfig;
 
 /// Which branch of Algorithm 1 a cycle took.
@@ -65,8 +65,8 @@ impl Silk {
     /// [`ControllerConfig::validate`](crate::ControllerConfig::validate)).
     pub fn new(config: &SilkConfig) -> Self {
         Silk {
-            kvs: config.kvs_bandwidth.per_sec(),
-            min: config.min_bandwidth.per_sec(),
+            kvs: config.kvs_bandwidth.bytes_per_sec(),
+            min: config.min_bandwidth.bytes_per_sec(),
             hysteresis: config.hysteresis.per_sec(),
         }
     }
@@ -84,22 +84,25 @@ impl Silk {
     }
 }
 
-/// The DRLs (as `(channel, object)`) that requests of `ctx` reach.
-fn drls_for(info: &kv_stage::StageInfo, ctx: C) -> Vec<(String, String)> {
+/// The DRLs that requests of `ctx` reach.
+fn drls_for(info: &kv_stage::StageInfo, ctx: C) -> Vec<ObjectRef> {
     info.objects_for_context(ctx)
         .into_iter()
         .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::ObjectKind::Drl))
+        .map(|(c, o)| ObjectRef::new(c, o))
         .collect()
 }
 
 /// The DRLs that requests of `ctx` from the instances with an active job of
 /// `ctx` reach.
-fn active_drls(v: &super::InstanceView, ctx: C, drls: &[(String, String)]) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
+fn active_drls(v: &InstanceView, ctx: C, drls: &[ObjectRef]) -> Vec<ObjectRef> {
+    let mut out: Vec<ObjectRef> = Vec::new();
     for i in v.active_instances(ctx) {
-        for o in v.info.objects_serving(ctx, i) {
-            if drls.contains(o) && !out.contains(o) {
-                out.push(o.clone());
+        for (c, o) in v.info.objects_serving(ctx, i) {
+            if let Some(d) = drls.iter().find(|d| d.is(c, o))
+                && !out.contains(d)
+            {
+                out.push(d.clone());
             }
         }
     }
@@ -119,18 +122,16 @@ impl Policy for Silk {
     /// With no claimant, the LN DRLs split `left_B`; otherwise they split
     /// `min_B`. Either way the stage's DRLs together never get more than
     /// `KVS_B` beyond their floors.
-    fn decide(&mut self, obs: &Observation) -> Result<Decision, String> {
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
         let mut settings = Vec::new();
         let mut notes = Vec::new();
-        for (i, v) in obs.instances.iter().enumerate() {
+        for v in &obs.instances {
             let fg = v.rates.context(C::FOREGROUND).bytes_per_sec;
-            let (flush, l0, ln) = (
-                drls_for(&v.info, C::BG_FLUSH),
-                drls_for(&v.info, C::BG_COMPACTION_L0_L1),
-                drls_for(&v.info, C::BG_COMPACTION_LN),
-            );
-            let (active_flush, active_l0) =
-                (active_drls(v, C::BG_FLUSH, &flush), active_drls(v, C::BG_COMPACTION_L0_L1, &l0));
+            let flush = drls_for(&v.info, C::BG_FLUSH);
+            let l0 = drls_for(&v.info, C::BG_COMPACTION_L0_L1);
+            let ln = drls_for(&v.info, C::BG_COMPACTION_LN);
+            let active_flush = active_drls(v, C::BG_FLUSH, &flush);
+            let active_l0 = active_drls(v, C::BG_COMPACTION_L0_L1, &l0);
             let mut claimants = active_flush.clone();
             for d in &active_l0 {
                 if !claimants.contains(d) {
@@ -139,29 +140,19 @@ impl Policy for Silk {
             }
             let s = self.compute(fg, !active_flush.is_empty(), !active_l0.is_empty());
             let share = if claimants.is_empty() { 0.0 } else { s.left / claimants.len() as f64 };
-            let mut push = |channel: &str, object: &str, rate: f64| {
-                let skip = obs
-                    .current_rate(i, channel, object)
+            let mut push = |object: &ObjectRef, rate: f64| {
+                let skip = v
+                    .current_rate(&object.channel, &object.object)
                     .is_some_and(|cur| (cur - rate).abs() < self.hysteresis && cur.is_finite());
-                if !skip
-                    && !settings.iter().any(|x: &Setting| x.instance == i && x.channel == channel && x.object == object)
-                {
-                    settings.push(Setting {
-                        instance: i,
-                        channel: channel.to_owned(),
-                        object: object.to_owned(),
-                        rate,
-                    });
+                if !skip && !settings.iter().any(|x: &Setting| x.instance == v.key && x.object == *object) {
+                    settings.push(Setting { instance: v.key, object: object.clone(), rate });
                 }
             };
-            for (c, o) in flush.iter().chain(l0.iter()) {
-                let claimant = claimants.iter().any(|(cc, oo)| cc == c && oo == o);
-                push(c, o, if claimant { share } else { self.min });
+            for d in flush.iter().chain(l0.iter()) {
+                push(d, if claimants.contains(d) { share } else { self.min });
             }
-            if !ln.is_empty() {
-                for (c, o) in &ln {
-                    push(c, o, s.b_ln / ln.len() as f64);
-                }
+            for d in &ln {
+                push(d, s.b_ln / ln.len() as f64);
             }
             notes.push(json!({
                 "instance": v.name,
@@ -178,7 +169,7 @@ impl Policy for Silk {
                 "l0_active": s.l0_active,
                 "left_bps": s.left,
                 "branch": s.branch,
-                "claimants": claimants.iter().map(|(c, o)| format!("{c}/{o}")).collect::<Vec<_>>(),
+                "claimants": claimants.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "b_flush_bps": if s.flush_active { share } else { self.min },
                 "b_l0_bps": if s.l0_active { share } else { self.min },
                 "b_ln_bps": s.b_ln,
@@ -198,8 +189,8 @@ mod tests {
 
     fn silk() -> Silk {
         Silk::new(&SilkConfig {
-            kvs_bandwidth: Rate::bytes_per_sec(200.0 * MIB).unwrap(),
-            min_bandwidth: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+            kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
+            min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
             hysteresis: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
         })
     }

@@ -44,11 +44,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{Rule, RuleEntry, RuleSet};
 use crate::context::{RequestContext as C, RequestType as T, WorkflowId};
 use crate::error::{Error, Location, Result};
 use crate::matching::{FieldMatch, Match};
 use crate::objects::{DrlSpec, ObjectConfig, ObjectSpec};
-use super::{Rule, RuleEntry, RuleSet};
 use crate::units::Rate;
 
 /// Paio's token-bucket default period (its `m_refill_period`, 1 s).

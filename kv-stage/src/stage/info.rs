@@ -88,11 +88,17 @@ impl ObjectHandle {
         &self.label
     }
 
-    /// Validates and applies a configuration change.
-    pub fn configure(&self, set: &ObjectConfig) -> Result<()> {
+    /// Checks a configuration change without applying it.
+    pub fn check(&self, set: &ObjectConfig) -> Result<()> {
         self.object
             .validate(set)
-            .map_err(|e| Error::invalid(format!("{}: field `{}`: {}", self.label, e.field, e.message)))?;
+            .map_err(|e| Error::invalid(format!("{}: field `{}`: {}", self.label, e.field, e.message)))
+    }
+
+    /// Validates and applies a configuration change: straight to the live
+    /// object, without a rules batch (no copy of the stage's model).
+    pub fn configure(&self, set: &ObjectConfig) -> Result<()> {
+        self.check(set)?;
         self.object.configure(set);
         Ok(())
     }
