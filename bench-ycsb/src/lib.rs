@@ -26,6 +26,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
 mod error;
 pub mod generator;
 pub mod profile;

@@ -13,28 +13,45 @@
 //! controller never sets a rate below [`RATE_FLOOR`], so it never closes a
 //! DRL.
 //!
-//! Running SILK next to a RocksDB opened through `rocks-env`:
+//! The controller knows stages, not RocksDB: anything that reports its
+//! I/O to a [`kv_stage::Stage`] can be driven. SILK finds its DRLs by the
+//! request contexts their routes cover:
 //!
-//! ```no_run
+//! ```
 //! use std::sync::Arc;
+//! use std::time::Duration;
 //! use controller::{Controller, ControllerConfig, SilkConfig};
-//! use kv_stage::Stage;
-//! use rocks_env::{RocksLayout, StagedDb};
+//! use kv_stage::{Context, DrlSpec, InstanceId, Match, ObjectSpec, Rate, RequestContext, RequestType, Rule, Stage};
 //!
-//! let stage = Arc::new(Stage::new("db"));
-//! RocksLayout::new().install(&stage)?;
-//! let mut opts = rocksdb::Options::default();
-//! opts.create_if_missing(true);
-//! let db = StagedDb::builder(opts).stage(Arc::clone(&stage)).open("/tmp/silk-db")?;
+//! // A stage with a flush DRL (rocks-env's `RocksLayout` builds the whole
+//! // RocksDB layout this way).
+//! let stage = Arc::new(Stage::new("kv"));
+//! stage.apply_rules([
+//!     Rule::CreateChannel { channel: "flush".into(), matches: Some(Match::context(RequestContext::BG_FLUSH)) },
+//!     Rule::CreateObject {
+//!         channel: "flush".into(),
+//!         object: "drl".into(),
+//!         spec: ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED)),
+//!         matches: None,
+//!     },
+//! ])?;
 //!
-//! // KVS_B 200 MiB/s, min_B 10 MiB/s, every 10 ms.
+//! // SILK with KVS_B 200 MiB/s, min_B 10 MiB/s, every 10 ms.
 //! let silk = Controller::builder(ControllerConfig::silk(SilkConfig::default()))
-//!     .instance("db", stage.clone())
+//!     .instance("kv", stage.clone())
 //!     .start()?;
-//! db.put(b"k", b"v")?;
+//! // A flush runs (a layer reports it), clients are idle: the flush gets all of KVS_B.
+//! stage.job_started(InstanceId(0), RequestContext::BG_FLUSH);
+//! stage.enforce(&Context::new(RequestType::Write, 4096).in_context(RequestContext::BG_FLUSH))?;
+//! while silk.cycles() < 3 {
+//!     std::thread::sleep(Duration::from_millis(5));
+//! }
 //! let log = silk.stop(); // the decision log: inputs and rates of every cycle
+//! assert!(log.iter().any(|r| r.settings.iter().any(|s| s.channel == "flush" && s.rate_bps == 200.0 * 1048576.0)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! With RocksDB: `cargo run --release -p bench-ycsb --example silk_embedded`.
 
 #![forbid(unsafe_code)]
 

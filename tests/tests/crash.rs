@@ -4,13 +4,11 @@
 //! The child is this test binary itself, re-run with an environment variable
 //! that turns `crash_child` from a no-op into the writer.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use kv_sds_tests::{key, small_lsm_options, value};
 use rocks_env::StagedDb;
 
 const CHILD_DIR: &str = "ROCKS_ENV_CRASH_CHILD_DIR";

@@ -1,10 +1,59 @@
-//! The `bench-ycsb` binary end to end: a short run of every system, then
-//! checks that the summary, time series and plots exist and are well formed.
+//! The `bench-ycsb` command line end to end, in a child process: a short
+//! run of every system, then checks that the summary, time series and plots
+//! exist and are well formed; bad input exits 2 naming what was wrong.
+//!
+//! The child is this test binary itself, re-run with the command line in an
+//! environment variable: `bench_ycsb_child` then runs `bench_ycsb::cli::main`
+//! (what the `bench-ycsb` binary runs) and exits with its status.
 
 use std::process::Command;
 
-fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bench-ycsb"))
+const CHILD_ARGS: &str = "KV_SDS_BENCH_YCSB_ARGS";
+
+/// The command line, when run as the child; a no-op otherwise.
+#[test]
+fn bench_ycsb_child() {
+    let Ok(args) = std::env::var(CHILD_ARGS) else { return };
+    let args = std::iter::once("bench-ycsb".to_owned()).chain(args.split('\n').map(str::to_owned));
+    std::process::exit(i32::from(bench_ycsb::cli::main(args)));
+}
+
+/// A builder for one `bench-ycsb` command line run as a child process.
+struct Bench {
+    args: Vec<String>,
+}
+
+fn bench() -> Bench {
+    Bench { args: Vec::new() }
+}
+
+impl Bench {
+    fn arg(mut self, a: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.args.push(a.as_ref().to_string_lossy().into_owned());
+        self
+    }
+
+    fn args<I: IntoIterator<Item = S>, S: AsRef<std::ffi::OsStr>>(mut self, args: I) -> Self {
+        for a in args {
+            self = self.arg(a);
+        }
+        self
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", "bench_ycsb_child", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ARGS, self.args.join("\n"));
+        c
+    }
+
+    fn status(&self) -> std::io::Result<std::process::ExitStatus> {
+        self.command().status()
+    }
+
+    fn output(&self) -> std::io::Result<std::process::Output> {
+        self.command().output()
+    }
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! 64 MiB/s device: a write burst, then quiet. Prints how often each branch
 //! of Algorithm 1 was taken and a few lines of the decision log.
 //!
-//! `cargo run --release -p controller --example silk_embedded -- [decisions.jsonl]`
+//! `cargo run --release -p bench-ycsb --example silk_embedded -- [decisions.jsonl]`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
