@@ -62,7 +62,7 @@ fn two_dbs_share_a_budget_max_min() {
         channel: "io".into(),
         object: "drl".into(),
     };
-    let mut cfg = ControllerConfig {
+    let cfg = ControllerConfig {
         policy: PolicyKind::MaxMin,
         interval: Some(Duration::from_millis(100)),
         log: None,
