@@ -196,21 +196,29 @@ impl Shard {
     }
 }
 
-/// `(id, ops, bytes)` per tracked workflow, and `(ops, bytes)` of the rest.
-pub(crate) type WorkflowTotals = (Vec<(u64, u64, u64)>, (u64, u64));
-
-/// A stage's counters.
-pub(crate) struct Counters {
-    shards: Box<[OnceLock<Box<CachePadded<Shard>>>]>,
+/// One `S` per thread slot, plus the shared overflow one, each on cache
+/// lines of its own and made on the first use from its slot: the one
+/// sharding mechanism behind every counter of the crate.
+struct PerThread<S> {
+    shards: Box<[OnceLock<Box<CachePadded<S>>>]>,
+    make: fn() -> S,
 }
 
-impl Counters {
-    pub(crate) fn new() -> Self {
-        Counters { shards: (0..=MAX_THREAD_SLOTS).map(|_| OnceLock::new()).collect() }
+impl<S> PerThread<S> {
+    fn new(make: fn() -> S) -> Self {
+        PerThread { shards: (0..=MAX_THREAD_SLOTS).map(|_| OnceLock::new()).collect(), make }
+    }
+
+    /// The calling thread's shard, and whether the thread is its only
+    /// writer (false for the shared overflow shard).
+    #[inline(always)]
+    fn mine(&self) -> (&S, bool) {
+        let slot = thread_slot();
+        (self.shard(slot), slot != SHARED_SLOT)
     }
 
     #[inline(always)]
-    fn shard(&self, slot: usize) -> &Shard {
+    fn shard(&self, slot: usize) -> &S {
         match self.shards[slot].get() {
             Some(s) => s,
             None => self.new_shard(slot),
@@ -218,20 +226,38 @@ impl Counters {
     }
 
     #[cold]
-    fn new_shard(&self, slot: usize) -> &Shard {
-        self.shards[slot].get_or_init(|| Box::new(CachePadded::new(Shard::new())))
+    fn new_shard(&self, slot: usize) -> &S {
+        self.shards[slot].get_or_init(|| Box::new(CachePadded::new((self.make)())))
+    }
+
+    /// Every shard made so far.
+    fn iter(&self) -> impl Iterator<Item = &S> {
+        self.shards.iter().filter_map(|s| s.get().map(|b| &***b))
+    }
+}
+
+/// `(id, ops, bytes)` per tracked workflow, and `(ops, bytes)` of the rest.
+pub(crate) type WorkflowTotals = (Vec<(u64, u64, u64)>, (u64, u64));
+
+/// A stage's counters.
+pub(crate) struct Counters {
+    shards: PerThread<Shard>,
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Counters { shards: PerThread::new(Shard::new) }
     }
 
     /// Counts one admitted request on its channel, object (if any), request
     /// context and workflow.
     #[inline(always)]
     pub(crate) fn record(&self, channel_slot: u32, object_slot: Option<u32>, ctx: &Context) {
-        let slot = thread_slot();
-        if slot == SHARED_SLOT {
-            return self.record_shared(channel_slot, object_slot, ctx);
+        let (shard, exclusive) = self.shards.mine();
+        if !exclusive {
+            return Self::record_shared(shard, channel_slot, object_slot, ctx);
         }
         // The common case, kept small: this thread is the shard's only writer.
-        let shard = self.shard(slot);
         let size = ctx.size;
         shard.slot(channel_slot).add_exclusive(size);
         if let Some(o) = object_slot {
@@ -249,8 +275,7 @@ impl Counters {
     /// Threads beyond [`MAX_THREAD_SLOTS`] share one shard.
     #[cold]
     #[inline(never)]
-    fn record_shared(&self, channel_slot: u32, object_slot: Option<u32>, ctx: &Context) {
-        let shard = self.shard(SHARED_SLOT);
+    fn record_shared(shard: &Shard, channel_slot: u32, object_slot: Option<u32>, ctx: &Context) {
         shard.slot(channel_slot).add_shared(ctx.size);
         if let Some(o) = object_slot {
             shard.slot(o).add_shared(ctx.size);
@@ -260,7 +285,7 @@ impl Counters {
     }
 
     fn shards(&self) -> impl Iterator<Item = &Shard> {
-        self.shards.iter().filter_map(|s| s.get().map(|b| &***b))
+        self.shards.iter()
     }
 
     /// Total `(ops, bytes)` of a counter slot.
@@ -305,15 +330,13 @@ impl Counters {
 }
 
 /// A fixed array of `N` monotonic (ops, bytes) counters that many threads
-/// add to without sharing cache lines: each thread writes its own shard
-/// (see the module documentation). For layers that keep their own
-/// statistics next to the stage's, such as per-file-kind I/O in rocks-env.
+/// add to without sharing cache lines: each thread writes its own shard,
+/// made the same way as the stage's (see the module documentation). For
+/// layers that keep their own statistics next to the stage's, such as
+/// per-file-kind I/O in rocks-env.
 pub struct CounterArray<const N: usize> {
-    shards: Box<[OnceLock<Box<ArrayShard<N>>>]>,
+    shards: PerThread<[Cell; N]>,
 }
-
-/// One thread's cells of a [`CounterArray`], on their own cache lines.
-type ArrayShard<const N: usize> = CachePadded<[Cell; N]>;
 
 impl<const N: usize> Default for CounterArray<N> {
     fn default() -> Self {
@@ -330,32 +353,23 @@ impl<const N: usize> std::fmt::Debug for CounterArray<N> {
 impl<const N: usize> CounterArray<N> {
     /// All counters at zero.
     pub fn new() -> Self {
-        CounterArray { shards: (0..=MAX_THREAD_SLOTS).map(|_| OnceLock::new()).collect() }
+        CounterArray { shards: PerThread::new(|| std::array::from_fn(|_| Cell::default())) }
     }
 
     /// Adds one operation of `bytes` to counter `index` (ignored when
     /// `index >= N`).
     #[inline]
     pub fn add(&self, index: usize, bytes: u64) {
-        let slot = thread_slot();
-        let shard = match self.shards[slot].get() {
-            Some(s) => s,
-            None => self.new_shard(slot),
-        };
+        let (shard, exclusive) = self.shards.mine();
         if let Some(c) = shard.get(index) {
-            c.add(slot != SHARED_SLOT, bytes);
+            c.add(exclusive, bytes);
         }
-    }
-
-    #[cold]
-    fn new_shard(&self, slot: usize) -> &ArrayShard<N> {
-        self.shards[slot].get_or_init(|| Box::new(CachePadded::new(std::array::from_fn(|_| Cell::default()))))
     }
 
     /// `(ops, bytes)` of every counter.
     pub fn totals(&self) -> [(u64, u64); N] {
         let mut out = [(0u64, 0u64); N];
-        for shard in self.shards.iter().filter_map(|s| s.get()) {
+        for shard in self.shards.iter() {
             for (acc, c) in out.iter_mut().zip(shard.iter()) {
                 let (o, b) = c.get();
                 acc.0 += o;
