@@ -75,8 +75,8 @@ pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Resu
 pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
 pub use matching::{FieldMatch, Match};
 pub use objects::{
-    BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSpec, EnforcementObject, Noop, Object, ObjectConfig,
-    ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
+    BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSettings, DrlSpec, EnforcementObject, Noop, Object,
+    ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSettings, QosSpec, Settings,
 };
 /// The importer of the original Paio text rules.
 pub use rules::paio;

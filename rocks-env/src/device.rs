@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kv_stage::{Bandwidth, Context, Drl, DrlSpec, EnforceError, EnforcementObject, ObjectConfig, RequestType};
+use kv_stage::{Bandwidth, Context, Drl, DrlSettings, DrlSpec, EnforceError, EnforcementObject, RequestType};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -76,11 +76,8 @@ impl Device {
     /// Changes the bandwidth; requests already waiting see the change.
     pub fn set_bandwidth(&self, bandwidth: Bandwidth) {
         let mut b = self.bandwidth.lock().unwrap_or_else(|e| e.into_inner());
-        self.drl.configure(&ObjectConfig {
-            rate: Some(bandwidth.rate()),
-            refill_period: Some(BURST),
-            ..Default::default()
-        });
+        self.drl
+            .configure(&DrlSettings { rate: Some(bandwidth.rate()), refill_period: Some(BURST), burst: None }.into());
         *b = bandwidth;
     }
 

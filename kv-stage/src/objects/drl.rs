@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
-use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, burst_for};
+use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Amount, Rate};
@@ -57,7 +57,7 @@ impl DrlSpec {
     }
 
     /// The spec after a configuration change (assumed valid).
-    fn merged(&self, c: &ObjectConfig) -> DrlSpec {
+    fn merged(&self, c: &DrlSettings) -> DrlSpec {
         let mut s = self.clone();
         if let Some(r) = c.rate {
             s.rate = r;
@@ -74,7 +74,44 @@ impl DrlSpec {
     }
 }
 
-fn check_period(p: Option<Duration>) -> Result<(), ConfigError> {
+/// What a configuration change can set on a DRL.
+///
+/// ```toml
+/// set = { rate = "32MiB/s" }        # or "1000ops/s", "unlimited", 0 (closed)
+/// set = { burst = "1MiB" }          # or refill_period = "10ms" (burst = rate x period)
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrlSettings {
+    /// New rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+    /// New burst in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<Amount>,
+    /// New refill period (sets burst = rate x period).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
+    pub refill_period: Option<Duration>,
+}
+
+impl Settings for DrlSettings {
+    const FIELDS: &'static [&'static str] = &["rate", "burst", "refill_period"];
+}
+
+impl DrlSettings {
+    /// Reads and checks a DRL's settings from a change.
+    pub fn from_config(c: &ObjectConfig) -> Result<Self, ConfigError> {
+        let s: DrlSettings = c.parse("DRL")?;
+        if s.burst.is_some() && s.refill_period.is_some() {
+            return Err(ConfigError::new("burst", "give either `burst` or `refill_period`, not both"));
+        }
+        check_period(s.refill_period)?;
+        Ok(s)
+    }
+}
+
+/// The refill period bounds every token bucket of the crate keeps.
+pub(super) fn check_period(p: Option<Duration>) -> Result<(), ConfigError> {
     match p {
         Some(p) if p.is_zero() => Err(ConfigError::new("refill_period", "must be greater than zero")),
         Some(p) if p > Duration::from_secs(3600) => Err(ConfigError::new("refill_period", "must be at most 1h")),
@@ -118,20 +155,15 @@ impl EnforcementObject for Drl {
     }
 
     fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
-        for f in c.set_fields() {
-            if !matches!(f, "rate" | "burst" | "refill_period") {
-                return Err(ConfigError::unsupported(f, "not a DRL setting (rate, burst, refill_period)"));
-            }
-        }
-        if c.burst.is_some() && c.refill_period.is_some() {
-            return Err(ConfigError::new("burst", "give either `burst` or `refill_period`, not both"));
-        }
-        check_period(c.refill_period)
+        DrlSettings::from_config(c).map(drop)
     }
 
     fn configure(&self, c: &ObjectConfig) {
+        // Validated before (a batch applies all or nothing); a change that
+        // does not read is ignored rather than half-applied.
+        let Ok(c) = DrlSettings::from_config(c) else { return };
         let mut spec = self.spec.lock().unwrap_or_else(|e| e.into_inner());
-        let new = spec.merged(c);
+        let new = spec.merged(&c);
         self.bucket.set(new.rate.per_sec(), new.rate.unit(), new.burst_tokens());
         *spec = new;
     }
@@ -194,11 +226,20 @@ mod tests {
         assert!((d.burst() - 10.0).abs() < 1e-9); // 1000 B/s x 10 ms
         d.configure(&ObjectConfig::rate(Rate::bytes_per_sec(1e6).unwrap()));
         assert!((d.burst() - 10_000.0).abs() < 1e-6);
-        let c = ObjectConfig { refill_period: Some(Duration::from_secs(1)), ..Default::default() };
-        d.configure(&c);
+        let c = DrlSettings { refill_period: Some(Duration::from_secs(1)), ..Default::default() };
+        d.configure(&c.into());
         assert!((d.burst() - 1e6).abs() < 1e-6);
-        let bad = ObjectConfig { rbps: Some(Rate::UNLIMITED), ..Default::default() };
-        assert_eq!(d.validate(&bad).unwrap_err().field, "rbps");
+        let bad = ObjectConfig::new().with("rbps", Rate::UNLIMITED);
+        let e = d.validate(&bad).unwrap_err();
+        assert_eq!((e.field.as_str(), e.unsupported), ("rbps", true));
+        let bad = ObjectConfig::new().with("rate", "fast");
+        let e = d.validate(&bad).unwrap_err();
+        assert_eq!((e.field.as_str(), e.unsupported), ("rate", false));
+        // The text form round-trips through a change.
+        let c: ObjectConfig = toml::from_str("rate = \"32MiB/s\"\nrefill_period = \"5ms\"").unwrap();
+        let s = DrlSettings::from_config(&c).unwrap();
+        assert_eq!(s.rate.unwrap().per_sec(), 32.0 * 1048576.0);
+        assert_eq!(s.refill_period, Some(Duration::from_millis(5)));
     }
 
     #[test]

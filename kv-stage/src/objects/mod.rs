@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 pub use bucket::BucketStats;
 pub(crate) use bucket::now_ns;
-pub use drl::{Drl, DrlSpec};
-pub use qos::{Qos, QosSpec};
+pub use drl::{Drl, DrlSettings, DrlSpec};
+pub use qos::{Qos, QosSettings, QosSpec};
 
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
@@ -65,66 +65,85 @@ impl From<BucketStats> for ObjectStats {
     }
 }
 
-/// A partial configuration change, as carried by an enforcement rule. Each
-/// object kind accepts the fields that make sense for it and rejects the
-/// others by name.
+/// A partial configuration change, as an enforcement rule carries it:
+/// named settings, such as `{ rate = "32MiB/s" }`. Each object kind reads
+/// its own: a DRL its [`DrlSettings`], a QoS object its [`QosSettings`], an
+/// application object whatever [`Settings`] it defines (with
+/// [`ObjectConfig::parse`]). A setting the object does not have is refused
+/// by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ObjectConfig {
-    /// DRL: new rate (bytes/s or ops/s; `"unlimited"`; `0` closes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<Rate>,
-    /// DRL: new burst in tokens.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<Amount>,
-    /// DRL and QoS: new refill period (sets burst = rate x period).
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
-    pub refill_period: Option<Duration>,
-    /// QoS: read bandwidth limit (`"unlimited"` removes it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rbps: Option<Rate>,
-    /// QoS: write bandwidth limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wbps: Option<Rate>,
-    /// QoS: read operations per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub riops: Option<Rate>,
-    /// QoS: write operations per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wiops: Option<Rate>,
+#[serde(transparent)]
+pub struct ObjectConfig(serde_json::Map<String, serde_json::Value>);
+
+/// An object kind's typed settings, read from an [`ObjectConfig`]: every
+/// field optional (`#[serde(default)]`), named in [`FIELDS`](Self::FIELDS).
+pub trait Settings: Serialize + serde::de::DeserializeOwned {
+    /// The settings' names, for error messages and the unsupported check.
+    const FIELDS: &'static [&'static str];
 }
 
 impl ObjectConfig {
-    /// A change of rate only.
-    pub fn rate(rate: Rate) -> Self {
-        ObjectConfig { rate: Some(rate), ..Default::default() }
+    /// No change yet.
+    pub fn new() -> Self {
+        ObjectConfig::default()
     }
 
-    /// Names of the fields that are set.
-    pub fn set_fields(&self) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        if self.rate.is_some() {
-            v.push("rate");
+    /// A change of rate only (DRL).
+    pub fn rate(rate: Rate) -> Self {
+        Self::from_settings(&DrlSettings { rate: Some(rate), ..Default::default() })
+    }
+
+    /// The change typed settings describe (the fields they set).
+    pub fn from_settings<S: Settings>(settings: &S) -> Self {
+        match serde_json::to_value(settings) {
+            Ok(serde_json::Value::Object(map)) => ObjectConfig(map.into_iter().filter(|(_, v)| !v.is_null()).collect()),
+            _ => ObjectConfig::default(),
         }
-        if self.burst.is_some() {
-            v.push("burst");
+    }
+
+    /// Adds (or replaces) one setting.
+    pub fn with(mut self, field: &str, value: impl Serialize) -> Self {
+        if let Ok(v) = serde_json::to_value(value) {
+            self.0.insert(field.to_owned(), v);
         }
-        if self.refill_period.is_some() {
-            v.push("refill_period");
+        self
+    }
+
+    /// Names of the settings the change sets.
+    pub fn set_fields(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+
+    /// True when the change sets nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The change as `kind`'s typed settings. A setting `S` does not have is
+    /// an [`unsupported`](ConfigError::unsupported) error naming it; a bad
+    /// value is an error naming its setting.
+    pub fn parse<S: Settings>(&self, kind: &str) -> Result<S, ConfigError> {
+        if let Some(f) = self.0.keys().find(|k| !S::FIELDS.contains(&k.as_str())) {
+            return Err(ConfigError::unsupported(
+                f.clone(),
+                format!("not a {kind} setting ({})", S::FIELDS.join(", ")),
+            ));
         }
-        if self.rbps.is_some() {
-            v.push("rbps");
+        // Field by field first, so a bad value names its setting.
+        for (k, v) in &self.0 {
+            let one = serde_json::Map::from_iter([(k.clone(), v.clone())]);
+            if let Err(e) = serde_json::from_value::<S>(serde_json::Value::Object(one)) {
+                return Err(ConfigError::new(k.clone(), e.to_string()));
+            }
         }
-        if self.wbps.is_some() {
-            v.push("wbps");
-        }
-        if self.riops.is_some() {
-            v.push("riops");
-        }
-        if self.wiops.is_some() {
-            v.push("wiops");
-        }
-        v
+        serde_json::from_value(serde_json::Value::Object(self.0.clone()))
+            .map_err(|e| ConfigError::new("set", e.to_string()))
+    }
+}
+
+impl<S: Settings> From<S> for ObjectConfig {
+    fn from(settings: S) -> Self {
+        ObjectConfig::from_settings(&settings)
     }
 }
 
@@ -132,7 +151,7 @@ impl ObjectConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// The field at fault.
-    pub field: &'static str,
+    pub field: String,
     /// What is wrong.
     pub message: String,
     /// The object has no such setting at all (as opposed to a bad value).
@@ -141,13 +160,13 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// A bad value for a setting the object has.
-    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
-        ConfigError { field, message: message.into(), unsupported: false }
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { field: field.into(), message: message.into(), unsupported: false }
     }
 
     /// A setting the object does not have.
-    pub fn unsupported(field: &'static str, message: impl Into<String>) -> Self {
-        ConfigError { field, message: message.into(), unsupported: true }
+    pub fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError { field: field.into(), message: message.into(), unsupported: true }
     }
 }
 
@@ -306,7 +325,7 @@ impl EnforcementObject for Noop {
     }
     fn validate(&self, config: &ObjectConfig) -> Result<(), ConfigError> {
         match config.set_fields().first() {
-            Some(f) => Err(ConfigError::unsupported(f, "a noop object has no settings")),
+            Some(f) => Err(ConfigError::unsupported(*f, "a noop object has no settings")),
             None => Ok(()),
         }
     }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
-use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, burst_for};
+use super::drl::check_period;
+use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Rate, RateUnit};
@@ -59,12 +60,7 @@ impl QosSpec {
                 return Err(ConfigError::new(field, "is a bandwidth limit; give bytes per second such as \"8Mi\""));
             }
         }
-        if let Some(p) = self.refill_period
-            && p.is_zero()
-        {
-            return Err(ConfigError::new("refill_period", "must be greater than zero"));
-        }
-        Ok(())
+        check_period(self.refill_period)
     }
 
     /// The cgroup v2 `io.max` line for a device, e.g.
@@ -91,7 +87,7 @@ impl QosSpec {
         self
     }
 
-    fn merged(&self, c: &ObjectConfig) -> QosSpec {
+    fn merged(&self, c: &QosSettings) -> QosSpec {
         let mut s = self.clone();
         let pick = |new: Option<Rate>, old: Option<Rate>| match new {
             Some(r) if r.is_unlimited() => None,
@@ -107,6 +103,36 @@ impl QosSpec {
         }
         s.normalized()
     }
+}
+
+/// What a configuration change can set on a QoS object: any of the four
+/// limits (`"unlimited"` removes one) and the refill period.
+///
+/// ```toml
+/// set = { wbps = "4Mi", riops = 200 }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosSettings {
+    /// Read bandwidth limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbps: Option<Rate>,
+    /// Write bandwidth limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wbps: Option<Rate>,
+    /// Read operations per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riops: Option<Rate>,
+    /// Write operations per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wiops: Option<Rate>,
+    /// Burst of each limit, as a period's worth of its rate.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
+    pub refill_period: Option<Duration>,
+}
+
+impl Settings for QosSettings {
+    const FIELDS: &'static [&'static str] = &["rbps", "wbps", "riops", "wiops", "refill_period"];
 }
 
 fn bytes_limit(r: Option<Rate>) -> f64 {
@@ -169,18 +195,17 @@ impl EnforcementObject for Qos {
     }
 
     fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
-        for f in c.set_fields() {
-            if !matches!(f, "rbps" | "wbps" | "riops" | "wiops" | "refill_period") {
-                return Err(ConfigError::unsupported(f, "not a QoS setting (rbps, wbps, riops, wiops, refill_period)"));
-            }
-        }
+        let c: QosSettings = c.parse("QoS")?;
         let current = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        current.merged(c).validate()
+        current.merged(&c).validate()
     }
 
     fn configure(&self, c: &ObjectConfig) {
+        // Validated before; a change that does not read is ignored rather
+        // than half-applied.
+        let Ok(c) = c.parse::<QosSettings>("QoS") else { return };
         let mut spec = self.spec.lock().unwrap_or_else(|e| e.into_inner());
-        let new = spec.merged(c);
+        let new = spec.merged(&c);
         self.apply(&new);
         *spec = new;
     }
@@ -264,7 +289,7 @@ mod tests {
         }
         assert!(t.elapsed() >= Duration::from_millis(99), "{:?}", t.elapsed());
         // Lift the limit live.
-        q.configure(&ObjectConfig { wiops: Some(Rate::UNLIMITED), ..Default::default() });
+        q.configure(&QosSettings { wiops: Some(Rate::UNLIMITED), ..Default::default() }.into());
         assert_eq!(
             q.spec(),
             Some(ObjectSpec::Qos(QosSpec { refill_period: Some(Duration::from_millis(10)), ..Default::default() }))

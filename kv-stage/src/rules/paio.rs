@@ -48,7 +48,7 @@ use super::{Rule, RuleEntry, RuleSet};
 use crate::context::{RequestContext as C, RequestType as T, WorkflowId};
 use crate::error::{Error, Location, Result};
 use crate::matching::{FieldMatch, Match};
-use crate::objects::{DrlSpec, ObjectConfig, ObjectSpec};
+use crate::objects::{DrlSettings, DrlSpec, ObjectConfig, ObjectSpec};
 use crate::units::Rate;
 
 /// Paio's token-bucket default period (its `m_refill_period`, 1 s).
@@ -537,7 +537,7 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                         let period = line.number(5, "refill_period")?;
                         let rate = line.number(6, "rate")?;
                         let ObjectSpec::Drl(d) = drl_spec(period, rate) else { unreachable!() };
-                        ObjectConfig { rate: Some(d.rate), refill_period: d.refill_period, ..Default::default() }
+                        DrlSettings { rate: Some(d.rate), refill_period: d.refill_period, burst: None }.into()
                     }
                     "rate" => {
                         line.expect_len(6, "<id> <channel> <object> drl rate <rate>")?;
@@ -550,10 +550,11 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                         if period == 0.0 {
                             return Err(line.err("refill_period", "must be greater than zero"));
                         }
-                        ObjectConfig {
+                        DrlSettings {
                             refill_period: Some(Duration::from_nanos((period * 1e3) as u64)),
                             ..Default::default()
                         }
+                        .into()
                     }
                     other => {
                         return Err(

@@ -132,7 +132,7 @@ pub(super) fn validate_id(id: &str, loc: &Location, field: &str) -> Result<Arc<s
 }
 
 pub(super) fn config_error(loc: &Location, label: &str, e: ConfigError) -> Error {
-    Error::rule(loc, Some(e.field), format!("{label}: {}", e.message))
+    Error::rule(loc, Some(&e.field), format!("{label}: {}", e.message))
 }
 
 impl Txn<'_> {
