@@ -76,7 +76,7 @@ pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
 pub use matching::{FieldMatch, Match};
 pub use objects::{
     BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSettings, DrlSpec, EnforcementObject, Noop, Object,
-    ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSettings, QosSpec, Settings,
+    ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec, Settings,
 };
 /// The importer of the original Paio text rules.
 pub use rules::paio;

@@ -290,8 +290,8 @@ class FaultState {
     uint64_t synced = 0;
   };
   struct Pending {
-    std::string path;         // created file, or rename target
-    std::string rename_from;  // empty for a creation
+    std::string path;                         // created file, or rename target
+    std::string rename_from;                  // empty for a creation
     std::optional<std::string> old_contents;  // rename target's earlier data
   };
 
@@ -383,8 +383,8 @@ class FaultWritableFile : public FSWritableFileOwnerWrapper {
     return st;
   }
 
-  IOStatus PositionedAppend(const Slice& data, uint64_t off,
-                            const IOOptions& o, IODebugContext* dbg) override {
+  IOStatus PositionedAppend(const Slice& data, uint64_t off, const IOOptions& o,
+                            IODebugContext* dbg) override {
     IOStatus st = s_->Check(ROCKS_ENV_OP_WRITE, kind_, &o);
     if (!st.ok()) return st;
     st = FSWritableFileOwnerWrapper::PositionedAppend(data, off, o, dbg);
@@ -392,8 +392,7 @@ class FaultWritableFile : public FSWritableFileOwnerWrapper {
     return st;
   }
 
-  IOStatus PositionedAppend(const Slice& data, uint64_t off,
-                            const IOOptions& o,
+  IOStatus PositionedAppend(const Slice& data, uint64_t off, const IOOptions& o,
                             const DataVerificationInfo& info,
                             IODebugContext* dbg) override {
     IOStatus st = s_->Check(ROCKS_ENV_OP_WRITE, kind_, &o);
@@ -419,15 +418,13 @@ class FaultWritableFile : public FSWritableFileOwnerWrapper {
   }
 
   IOStatus Sync(const IOOptions& o, IODebugContext* dbg) override {
-    return DoSync(ROCKS_ENV_OP_SYNC, o, [&] {
-      return FSWritableFileOwnerWrapper::Sync(o, dbg);
-    });
+    return DoSync(ROCKS_ENV_OP_SYNC, o,
+                  [&] { return FSWritableFileOwnerWrapper::Sync(o, dbg); });
   }
 
   IOStatus Fsync(const IOOptions& o, IODebugContext* dbg) override {
-    return DoSync(ROCKS_ENV_OP_FSYNC, o, [&] {
-      return FSWritableFileOwnerWrapper::Fsync(o, dbg);
-    });
+    return DoSync(ROCKS_ENV_OP_FSYNC, o,
+                  [&] { return FSWritableFileOwnerWrapper::Fsync(o, dbg); });
   }
 
   IOStatus RangeSync(uint64_t off, uint64_t n, const IOOptions& o,
@@ -458,7 +455,9 @@ class FaultDirectory : public FSDirectoryWrapper {
  public:
   FaultDirectory(std::unique_ptr<FSDirectory>&& t,
                  std::shared_ptr<FaultState> s, std::string dir)
-      : FSDirectoryWrapper(std::move(t)), s_(std::move(s)), dir_(std::move(dir)) {}
+      : FSDirectoryWrapper(std::move(t)),
+        s_(std::move(s)),
+        dir_(std::move(dir)) {}
 
   IOStatus Fsync(const IOOptions& o, IODebugContext* dbg) override {
     IOStatus st = s_->Check(ROCKS_ENV_OP_FSYNC, ROCKS_ENV_FILE_DIR, &o);

@@ -113,6 +113,15 @@ class Handle {
   rocks_env_callbacks cbs_;
 };
 
+// Enforces a request and, if it is admitted, makes the call: the pattern
+// every wrapped method follows.
+template <typename Call>
+IOStatus Guarded(const Handle& h, uint8_t op, uint8_t kind, uint64_t size,
+                 const IOOptions& options, Call call) {
+  IOStatus s = h.Enforce(op, kind, size, &options);
+  return s.ok() ? call() : s;
+}
+
 }  // namespace
 
 uint8_t rocks_env::FileKindOf(std::string_view path) {
@@ -141,18 +150,19 @@ class StagedSequentialFile : public FSSequentialFileOwnerWrapper {
 
   IOStatus Read(size_t n, const IOOptions& options, Slice* result,
                 char* scratch, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kRead, kind_, n, &options);
-    if (!s.ok()) return s;
-    return FSSequentialFileOwnerWrapper::Read(n, options, result, scratch, dbg);
+    return Guarded(*h_, kRead, kind_, n, options, [&] {
+      return FSSequentialFileOwnerWrapper::Read(n, options, result, scratch,
+                                                dbg);
+    });
   }
 
   IOStatus PositionedRead(uint64_t offset, size_t n, const IOOptions& options,
                           Slice* result, char* scratch,
                           IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kRead, kind_, n, &options);
-    if (!s.ok()) return s;
-    return FSSequentialFileOwnerWrapper::PositionedRead(offset, n, options,
-                                                        result, scratch, dbg);
+    return Guarded(*h_, kRead, kind_, n, options, [&] {
+      return FSSequentialFileOwnerWrapper::PositionedRead(offset, n, options,
+                                                          result, scratch, dbg);
+    });
   }
 
  private:
@@ -171,10 +181,10 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
   IOStatus Read(uint64_t offset, size_t n, const IOOptions& options,
                 Slice* result, char* scratch,
                 IODebugContext* dbg) const override {
-    IOStatus s = h_->Enforce(kRead, kind_, n, &options);
-    if (!s.ok()) return s;
-    return FSRandomAccessFileOwnerWrapper::Read(offset, n, options, result,
-                                                scratch, dbg);
+    return Guarded(*h_, kRead, kind_, n, options, [&] {
+      return FSRandomAccessFileOwnerWrapper::Read(offset, n, options, result,
+                                                  scratch, dbg);
+    });
   }
 
   IOStatus MultiRead(FSReadRequest* reqs, size_t num_reqs,
@@ -195,10 +205,10 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
                      void* cb_arg, void** io_handle,
                      rocksdb::IOHandleDeleter* del_fn,
                      IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kRead, kind_, req.len, &opts);
-    if (!s.ok()) return s;
-    return FSRandomAccessFileOwnerWrapper::ReadAsync(req, opts, cb, cb_arg,
-                                                     io_handle, del_fn, dbg);
+    return Guarded(*h_, kRead, kind_, req.len, opts, [&] {
+      return FSRandomAccessFileOwnerWrapper::ReadAsync(req, opts, cb, cb_arg,
+                                                       io_handle, del_fn, dbg);
+    });
   }
 
   // Readahead into the page cache. The Reads that then take the data from
@@ -207,9 +217,9 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
   // kind and never holds or refuses it.
   IOStatus Prefetch(uint64_t offset, size_t n, const IOOptions& options,
                     IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kPrefetch, kind_, n, &options);
-    if (!s.ok()) return s;
-    return FSRandomAccessFileOwnerWrapper::Prefetch(offset, n, options, dbg);
+    return Guarded(*h_, kPrefetch, kind_, n, options, [&] {
+      return FSRandomAccessFileOwnerWrapper::Prefetch(offset, n, options, dbg);
+    });
   }
 
   // The base class reads synchronously through Read (enforced above), so
@@ -225,130 +235,103 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
   uint8_t kind_;
 };
 
-class StagedWritableFile : public FSWritableFileOwnerWrapper {
+// What the wrapped files that write share: the handle, the file kind, and
+// enforced Sync, Fsync and Close. `Base` is the RocksDB owner-wrapper.
+template <typename Base>
+class StagedWriting : public Base {
  public:
-  StagedWritableFile(std::unique_ptr<FSWritableFile>&& t,
-                     std::shared_ptr<const Handle> h, uint8_t kind)
-      : FSWritableFileOwnerWrapper(std::move(t)),
-        h_(std::move(h)),
-        kind_(kind) {}
+  template <typename File>
+  StagedWriting(std::unique_ptr<File>&& t, std::shared_ptr<const Handle> h,
+                uint8_t kind)
+      : Base(std::move(t)), h_(std::move(h)), kind_(kind) {}
+
+  IOStatus Sync(const IOOptions& options, IODebugContext* dbg) override {
+    return Guarded(*h_, kSync, kind_, 0, options,
+                   [&] { return Base::Sync(options, dbg); });
+  }
+
+  IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
+    return Guarded(*h_, kFsync, kind_, 0, options,
+                   [&] { return Base::Fsync(options, dbg); });
+  }
+
+  IOStatus Close(const IOOptions& options, IODebugContext* dbg) override {
+    return Guarded(*h_, kClose, kind_, 0, options,
+                   [&] { return Base::Close(options, dbg); });
+  }
+
+ protected:
+  std::shared_ptr<const Handle> h_;
+  uint8_t kind_;
+};
+
+class StagedWritableFile : public StagedWriting<FSWritableFileOwnerWrapper> {
+ public:
+  using StagedWriting::StagedWriting;
+  using Base = FSWritableFileOwnerWrapper;
 
   IOStatus Append(const Slice& data, const IOOptions& options,
                   IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kWrite, kind_, data.size(), &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Append(data, options, dbg);
+    return Guarded(*h_, kWrite, kind_, data.size(), options,
+                   [&] { return Base::Append(data, options, dbg); });
   }
 
   IOStatus Append(const Slice& data, const IOOptions& options,
                   const DataVerificationInfo& info,
                   IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kWrite, kind_, data.size(), &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Append(data, options, info, dbg);
+    return Guarded(*h_, kWrite, kind_, data.size(), options,
+                   [&] { return Base::Append(data, options, info, dbg); });
   }
 
   IOStatus PositionedAppend(const Slice& data, uint64_t offset,
                             const IOOptions& options,
                             IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kWrite, kind_, data.size(), &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::PositionedAppend(data, offset, options,
-                                                        dbg);
+    return Guarded(*h_, kWrite, kind_, data.size(), options, [&] {
+      return Base::PositionedAppend(data, offset, options, dbg);
+    });
   }
 
   IOStatus PositionedAppend(const Slice& data, uint64_t offset,
                             const IOOptions& options,
                             const DataVerificationInfo& info,
                             IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kWrite, kind_, data.size(), &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::PositionedAppend(data, offset, options,
-                                                        info, dbg);
+    return Guarded(*h_, kWrite, kind_, data.size(), options, [&] {
+      return Base::PositionedAppend(data, offset, options, info, dbg);
+    });
   }
 
   IOStatus Truncate(uint64_t size, const IOOptions& options,
                     IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kTruncate, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Truncate(size, options, dbg);
-  }
-
-  IOStatus Close(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kClose, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Close(options, dbg);
-  }
-
-  IOStatus Sync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kSync, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Sync(options, dbg);
-  }
-
-  IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kFsync, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::Fsync(options, dbg);
+    return Guarded(*h_, kTruncate, kind_, 0, options,
+                   [&] { return Base::Truncate(size, options, dbg); });
   }
 
   IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const IOOptions& options,
                      IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kRangeSync, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSWritableFileOwnerWrapper::RangeSync(offset, nbytes, options, dbg);
+    return Guarded(*h_, kRangeSync, kind_, 0, options, [&] {
+      return Base::RangeSync(offset, nbytes, options, dbg);
+    });
   }
-
- private:
-  std::shared_ptr<const Handle> h_;
-  uint8_t kind_;
 };
 
-class StagedRandomRWFile : public FSRandomRWFileOwnerWrapper {
+class StagedRandomRWFile : public StagedWriting<FSRandomRWFileOwnerWrapper> {
  public:
-  StagedRandomRWFile(std::unique_ptr<FSRandomRWFile>&& t,
-                     std::shared_ptr<const Handle> h, uint8_t kind)
-      : FSRandomRWFileOwnerWrapper(std::move(t)),
-        h_(std::move(h)),
-        kind_(kind) {}
+  using StagedWriting::StagedWriting;
+  using Base = FSRandomRWFileOwnerWrapper;
 
   IOStatus Write(uint64_t offset, const Slice& data, const IOOptions& options,
                  IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kWrite, kind_, data.size(), &options);
-    if (!s.ok()) return s;
-    return FSRandomRWFileOwnerWrapper::Write(offset, data, options, dbg);
+    return Guarded(*h_, kWrite, kind_, data.size(), options,
+                   [&] { return Base::Write(offset, data, options, dbg); });
   }
 
   IOStatus Read(uint64_t offset, size_t n, const IOOptions& options,
                 Slice* result, char* scratch,
                 IODebugContext* dbg) const override {
-    IOStatus s = h_->Enforce(kRead, kind_, n, &options);
-    if (!s.ok()) return s;
-    return FSRandomRWFileOwnerWrapper::Read(offset, n, options, result, scratch,
-                                            dbg);
+    return Guarded(*h_, kRead, kind_, n, options, [&] {
+      return Base::Read(offset, n, options, result, scratch, dbg);
+    });
   }
-
-  IOStatus Sync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kSync, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSRandomRWFileOwnerWrapper::Sync(options, dbg);
-  }
-
-  IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kFsync, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSRandomRWFileOwnerWrapper::Fsync(options, dbg);
-  }
-
-  IOStatus Close(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kClose, kind_, 0, &options);
-    if (!s.ok()) return s;
-    return FSRandomRWFileOwnerWrapper::Close(options, dbg);
-  }
-
- private:
-  std::shared_ptr<const Handle> h_;
-  uint8_t kind_;
 };
 
 class StagedDirectory : public FSDirectoryWrapper {
@@ -358,16 +341,15 @@ class StagedDirectory : public FSDirectoryWrapper {
       : FSDirectoryWrapper(std::move(t)), h_(std::move(h)) {}
 
   IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kFsync, ROCKS_ENV_FILE_DIR, 0, &options);
-    if (!s.ok()) return s;
-    return FSDirectoryWrapper::Fsync(options, dbg);
+    return Guarded(*h_, kFsync, ROCKS_ENV_FILE_DIR, 0, options,
+                   [&] { return FSDirectoryWrapper::Fsync(options, dbg); });
   }
 
   IOStatus FsyncWithDirOptions(const IOOptions& options, IODebugContext* dbg,
                                const DirFsyncOptions& dir_opts) override {
-    IOStatus s = h_->Enforce(kFsync, ROCKS_ENV_FILE_DIR, 0, &options);
-    if (!s.ok()) return s;
-    return FSDirectoryWrapper::FsyncWithDirOptions(options, dbg, dir_opts);
+    return Guarded(*h_, kFsync, ROCKS_ENV_FILE_DIR, 0, options, [&] {
+      return FSDirectoryWrapper::FsyncWithDirOptions(options, dbg, dir_opts);
+    });
   }
 
  private:
@@ -377,7 +359,7 @@ class StagedDirectory : public FSDirectoryWrapper {
 class HookFileSystem : public FileSystemWrapper {
  public:
   HookFileSystem(const std::shared_ptr<FileSystem>& base,
-                   std::shared_ptr<const Handle> h)
+                 std::shared_ptr<const Handle> h)
       : FileSystemWrapper(base), h_(std::move(h)) {}
 
   static const char* kClassName() { return "KvStageFileSystem"; }
@@ -445,37 +427,33 @@ class HookFileSystem : public FileSystemWrapper {
 
   IOStatus DeleteFile(const std::string& f, const IOOptions& options,
                       IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kDelete, FileKindOf(f), 0, &options);
-    if (!s.ok()) return s;
-    return target()->DeleteFile(f, options, dbg);
+    return Guarded(*h_, kDelete, FileKindOf(f), 0, options,
+                   [&] { return target()->DeleteFile(f, options, dbg); });
   }
 
   IOStatus Truncate(const std::string& f, size_t size, const IOOptions& options,
                     IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kTruncate, FileKindOf(f), 0, &options);
-    if (!s.ok()) return s;
-    return target()->Truncate(f, size, options, dbg);
+    return Guarded(*h_, kTruncate, FileKindOf(f), 0, options,
+                   [&] { return target()->Truncate(f, size, options, dbg); });
   }
 
   IOStatus DeleteDir(const std::string& d, const IOOptions& options,
                      IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kDelete, ROCKS_ENV_FILE_DIR, 0, &options);
-    if (!s.ok()) return s;
-    return target()->DeleteDir(d, options, dbg);
+    return Guarded(*h_, kDelete, ROCKS_ENV_FILE_DIR, 0, options,
+                   [&] { return target()->DeleteDir(d, options, dbg); });
   }
 
   IOStatus RenameFile(const std::string& src, const std::string& dst,
                       const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kRename, FileKindOf(dst), 0, &options);
-    if (!s.ok()) return s;
-    return target()->RenameFile(src, dst, options, dbg);
+    return Guarded(*h_, kRename, FileKindOf(dst), 0, options, [&] {
+      return target()->RenameFile(src, dst, options, dbg);
+    });
   }
 
   IOStatus LinkFile(const std::string& src, const std::string& dst,
                     const IOOptions& options, IODebugContext* dbg) override {
-    IOStatus s = h_->Enforce(kLink, FileKindOf(dst), 0, &options);
-    if (!s.ok()) return s;
-    return target()->LinkFile(src, dst, options, dbg);
+    return Guarded(*h_, kLink, FileKindOf(dst), 0, options,
+                   [&] { return target()->LinkFile(src, dst, options, dbg); });
   }
 
   // The base implementation opens the info log with our NewWritableFile, so
@@ -538,8 +516,8 @@ class StagedEnv : public rocksdb::CompositeEnvWrapper {
   static const char* kClassName() { return "KvStageEnv"; }
   const char* Name() const override { return kClassName(); }
 
-  void Schedule(void (*function)(void* arg), void* arg, Priority pri,
-                void* tag, void (*unschedule)(void* arg)) override {
+  void Schedule(void (*function)(void* arg), void* arg, Priority pri, void* tag,
+                void (*unschedule)(void* arg)) override {
     auto* task = new ScheduledTask{function, arg, unschedule, h_};
     rocksdb::CompositeEnvWrapper::Schedule(&ScheduledTask::Run, task, pri, tag,
                                            &ScheduledTask::Unschedule);

@@ -62,9 +62,10 @@ enum rocks_env_file_kind {
 // One request.
 typedef struct rocks_env_request {
   uint64_t size;
-  uint8_t op;           // rocks_env_op
-  uint8_t file_kind;    // rocks_env_file_kind
-  uint8_t io_activity;  // rocksdb::Env::IOActivity, or ROCKS_ENV_ACTIVITY_UNKNOWN
+  uint8_t op;         // rocks_env_op
+  uint8_t file_kind;  // rocks_env_file_kind
+  // rocksdb::Env::IOActivity, or ROCKS_ENV_ACTIVITY_UNKNOWN
+  uint8_t io_activity;
 } rocks_env_request;
 
 // What the listener and the Env report.
@@ -96,9 +97,9 @@ typedef struct rocks_env_event {
 
 // What an enforce callback returns.
 enum rocks_env_enforce_result {
-  ROCKS_ENV_ENFORCE_OK = 0,       // the request goes on
-  ROCKS_ENV_ENFORCE_REFUSED = 1,  // fails as an I/O error with `msg`
-  ROCKS_ENV_ENFORCE_PANIC = 2,    // the callback failed; an I/O error
+  ROCKS_ENV_ENFORCE_OK = 0,         // the request goes on
+  ROCKS_ENV_ENFORCE_REFUSED = 1,    // fails as an I/O error with `msg`
+  ROCKS_ENV_ENFORCE_PANIC = 2,      // the callback failed; an I/O error
   ROCKS_ENV_ENFORCE_SHUT_DOWN = 3,  // the stage is shut down
 };
 

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use bucket::BucketStats;
 pub(crate) use bucket::now_ns;
 pub use drl::{Drl, DrlSettings, DrlSpec};
-pub use qos::{Qos, QosSettings, QosSpec};
+pub use qos::{Qos, QosSpec};
 
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
@@ -67,7 +67,7 @@ impl From<BucketStats> for ObjectStats {
 
 /// A partial configuration change, as an enforcement rule carries it:
 /// named settings, such as `{ rate = "32MiB/s" }`. Each object kind reads
-/// its own: a DRL its [`DrlSettings`], a QoS object its [`QosSettings`], an
+/// its own: a DRL its [`DrlSettings`], a QoS object its [`QosSpec`] fields, an
 /// application object whatever [`Settings`] it defines (with
 /// [`ObjectConfig::parse`]). A setting the object does not have is refused
 /// by name.

@@ -87,7 +87,7 @@ impl QosSpec {
         self
     }
 
-    fn merged(&self, c: &QosSettings) -> QosSpec {
+    fn merged(&self, c: &QosSpec) -> QosSpec {
         let mut s = self.clone();
         let pick = |new: Option<Rate>, old: Option<Rate>| match new {
             Some(r) if r.is_unlimited() => None,
@@ -105,33 +105,10 @@ impl QosSpec {
     }
 }
 
-/// What a configuration change can set on a QoS object: any of the four
-/// limits (`"unlimited"` removes one) and the refill period.
-///
-/// ```toml
-/// set = { wbps = "4Mi", riops = 200 }
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QosSettings {
-    /// Read bandwidth limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rbps: Option<Rate>,
-    /// Write bandwidth limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wbps: Option<Rate>,
-    /// Read operations per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub riops: Option<Rate>,
-    /// Write operations per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wiops: Option<Rate>,
-    /// Burst of each limit, as a period's worth of its rate.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
-    pub refill_period: Option<Duration>,
-}
-
-impl Settings for QosSettings {
+/// A configuration change of a QoS object has the spec's own fields: any
+/// of the four limits (`"unlimited"` removes one) and the refill period,
+/// e.g. `set = { wbps = "4Mi", riops = 200 }`.
+impl Settings for QosSpec {
     const FIELDS: &'static [&'static str] = &["rbps", "wbps", "riops", "wiops", "refill_period"];
 }
 
@@ -195,7 +172,7 @@ impl EnforcementObject for Qos {
     }
 
     fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
-        let c: QosSettings = c.parse("QoS")?;
+        let c: QosSpec = c.parse("QoS")?;
         let current = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
         current.merged(&c).validate()
     }
@@ -203,7 +180,7 @@ impl EnforcementObject for Qos {
     fn configure(&self, c: &ObjectConfig) {
         // Validated before; a change that does not read is ignored rather
         // than half-applied.
-        let Ok(c) = c.parse::<QosSettings>("QoS") else { return };
+        let Ok(c) = c.parse::<QosSpec>("QoS") else { return };
         let mut spec = self.spec.lock().unwrap_or_else(|e| e.into_inner());
         let new = spec.merged(&c);
         self.apply(&new);
@@ -289,7 +266,7 @@ mod tests {
         }
         assert!(t.elapsed() >= Duration::from_millis(99), "{:?}", t.elapsed());
         // Lift the limit live.
-        q.configure(&QosSettings { wiops: Some(Rate::UNLIMITED), ..Default::default() }.into());
+        q.configure(&QosSpec { wiops: Some(Rate::UNLIMITED), ..Default::default() }.into());
         assert_eq!(
             q.spec(),
             Some(ObjectSpec::Qos(QosSpec { refill_period: Some(Duration::from_millis(10)), ..Default::default() }))
