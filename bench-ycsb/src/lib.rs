@@ -11,7 +11,8 @@
 //!
 //! The pieces are usable on their own: [`generator`] (YCSB's distributions),
 //! [`workload`] (property files and built-ins), [`profile`] (load shapes),
-//! [`runner`] (load and open-loop run phases), [`report`].
+//! [`runner`] (load and open-loop run phases), [`report`], and [`cli`], the
+//! `bench-ycsb` command line.
 //!
 //! ```
 //! use bench_ycsb::generator::{Rng, ScrambledZipfian};

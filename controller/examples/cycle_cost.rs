@@ -1,7 +1,7 @@
 //! What a control cycle costs: runs SILK every millisecond against a stage
 //! with the paper's RocksDB layout (foreground Noop, flush DRL, L0 and LN
 //! DRLs) while a thread sends requests and flips flushes and compactions on
-//! and off, so most cycles change some rate. Prints the controller thread's
+//! and off; with no hysteresis, every cycle sets every DRL. Prints the controller thread's
 //! CPU time per cycle (from `/proc/self/task/<tid>/schedstat`).
 //!
 //! ```text
@@ -64,7 +64,9 @@ fn main() {
     let secs: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     let stage = Arc::new(Stage::new("cycle-cost"));
     layout(&stage);
-    let mut cfg = ControllerConfig::silk(SilkConfig::default());
+    // No hysteresis: every cycle sets every DRL, the most a cycle does.
+    let silk = SilkConfig { hysteresis: Rate::bytes_per_sec(0.0).expect("zero is a rate"), ..SilkConfig::default() };
+    let mut cfg = ControllerConfig::silk(silk);
     cfg.interval = Some(Duration::from_millis(1));
     let ctl = Controller::builder(cfg).instance("db", stage.clone()).max_log_records(16).start().expect("starts");
 

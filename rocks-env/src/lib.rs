@@ -1,23 +1,29 @@
 //! # rocks-env: RocksDB's I/O, tagged and enforced by a kv-stage stage
 //!
-//! A C++ shim (`cpp/shim.cc`) wraps RocksDB's default `FileSystem` so every
-//! read, append, sync, file creation, deletion and rename is handed to Rust
-//! before it happens, and installs an `EventListener` that tags the threads
-//! running flushes and compactions. For each request rocks-env builds a
+//! A C++ shim (`cpp/shim.cc`) puts a file-system layer over the file system
+//! of the application's Env (RocksDB's default one when it set none), so
+//! every read, append, sync, file creation, deletion and rename is handed to
+//! Rust before it happens; an Env that reports every background task the DB
+//! schedules; and an `EventListener` that reports flushes, compactions and
+//! background errors. For each request rocks-env builds a
 //! [`kv_stage::Context`]:
 //!
-//! * **request context**: the listener's tag for the calling thread (flush,
-//!   L0 compaction when the base input level is 0, LN compaction otherwise);
-//!   without one, RocksDB's `IOOptions::io_activity` (flush, compaction of
-//!   unknown level); otherwise whatever the application propagated on this
-//!   thread with [`with_context`] (foreground by default);
+//! * **request context**: info-log writes are `background`; else the job of
+//!   this DB running on the calling thread (a flush, an L0 compaction when
+//!   the base input level is 0, an LN compaction otherwise); else RocksDB's
+//!   `IOOptions::io_activity` (flush, compaction of unknown level); else
+//!   `background` inside a task the DB scheduled (file purges); else
+//!   whatever the application propagated on this thread with
+//!   [`with_context`] (foreground by default);
 //! * **workflow**: the OS thread id; **type**: read, write, sync, or a
 //!   metadata request of size 0 (open, close, delete, rename, truncate);
 //! * **instance**: the DB's [`InstanceId`], so DBs can share a stage.
 //!
-//! It enforces the request through the stage, then through the optional
-//! emulated [`Device`]; a refusal becomes an `IOStatus::IOError` that RocksDB
-//! returns to its caller. The embedder keeps using the `rocksdb` crate.
+//! It enforces the request through the stage; a refusal becomes an
+//! `IOStatus::IOError` that RocksDB returns to its caller (or reports as a
+//! background error). Below the stage, a DB can have an emulated
+//! [`Device`] (benchmarks) and a [`FaultInjection`] layer (tests). The
+//! embedder keeps using the `rocksdb` crate.
 //!
 //! ```no_run
 //! use std::sync::Arc;

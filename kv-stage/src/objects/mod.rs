@@ -71,13 +71,48 @@ impl From<BucketStats> for ObjectStats {
 /// application object whatever [`Settings`] it defines (with
 /// [`ObjectConfig::parse`]). A setting the object does not have is refused
 /// by name.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ObjectConfig(serde_json::Map<String, serde_json::Value>);
+///
+/// A change made from typed settings ([`ObjectConfig::from_settings`],
+/// [`ObjectConfig::rate`]) keeps them typed, so a control loop's changes
+/// reach the object without being written out and read back.
+#[derive(Debug, Clone, Default)]
+pub struct ObjectConfig(Repr);
+
+#[derive(Debug, Clone)]
+enum Repr {
+    /// Named values, as read from a rules file or message.
+    Fields(serde_json::Map<String, serde_json::Value>),
+    /// Typed settings of some kind, and their field names.
+    Typed(Arc<dyn TypedSettings>),
+}
+
+impl Default for Repr {
+    fn default() -> Self {
+        Repr::Fields(serde_json::Map::new())
+    }
+}
+
+/// Typed settings behind a change, whatever their kind.
+trait TypedSettings: std::fmt::Debug + Send + Sync {
+    fn any(&self) -> &dyn std::any::Any;
+    fn fields(&self) -> serde_json::Map<String, serde_json::Value>;
+}
+
+impl<S: Settings> TypedSettings for S {
+    fn any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map.into_iter().filter(|(_, v)| !v.is_null()).collect(),
+            _ => serde_json::Map::new(),
+        }
+    }
+}
 
 /// An object kind's typed settings, read from an [`ObjectConfig`]: every
 /// field optional (`#[serde(default)]`), named in [`FIELDS`](Self::FIELDS).
-pub trait Settings: Serialize + serde::de::DeserializeOwned {
+pub trait Settings: Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The settings' names, for error messages and the unsupported check.
     const FIELDS: &'static [&'static str];
 }
@@ -95,49 +130,79 @@ impl ObjectConfig {
 
     /// The change typed settings describe (the fields they set).
     pub fn from_settings<S: Settings>(settings: &S) -> Self {
-        match serde_json::to_value(settings) {
-            Ok(serde_json::Value::Object(map)) => ObjectConfig(map.into_iter().filter(|(_, v)| !v.is_null()).collect()),
-            _ => ObjectConfig::default(),
+        ObjectConfig(Repr::Typed(Arc::new(settings.clone())))
+    }
+
+    fn fields(&self) -> std::borrow::Cow<'_, serde_json::Map<String, serde_json::Value>> {
+        match &self.0 {
+            Repr::Fields(map) => std::borrow::Cow::Borrowed(map),
+            Repr::Typed(t) => std::borrow::Cow::Owned(t.fields()),
         }
     }
 
     /// Adds (or replaces) one setting.
-    pub fn with(mut self, field: &str, value: impl Serialize) -> Self {
+    pub fn with(self, field: &str, value: impl Serialize) -> Self {
+        let mut map = self.fields().into_owned();
         if let Ok(v) = serde_json::to_value(value) {
-            self.0.insert(field.to_owned(), v);
+            map.insert(field.to_owned(), v);
         }
-        self
+        ObjectConfig(Repr::Fields(map))
     }
 
     /// Names of the settings the change sets.
-    pub fn set_fields(&self) -> Vec<&str> {
-        self.0.keys().map(String::as_str).collect()
+    pub fn set_fields(&self) -> Vec<String> {
+        self.fields().keys().cloned().collect()
     }
 
     /// True when the change sets nothing.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.fields().is_empty()
     }
 
     /// The change as `kind`'s typed settings. A setting `S` does not have is
     /// an [`unsupported`](ConfigError::unsupported) error naming it; a bad
     /// value is an error naming its setting.
     pub fn parse<S: Settings>(&self, kind: &str) -> Result<S, ConfigError> {
-        if let Some(f) = self.0.keys().find(|k| !S::FIELDS.contains(&k.as_str())) {
+        if let Repr::Typed(t) = &self.0
+            && let Some(s) = t.any().downcast_ref::<S>()
+        {
+            return Ok(s.clone());
+        }
+        let map = self.fields();
+        if let Some(f) = map.keys().find(|k| !S::FIELDS.contains(&k.as_str())) {
             return Err(ConfigError::unsupported(
                 f.clone(),
                 format!("not a {kind} setting ({})", S::FIELDS.join(", ")),
             ));
         }
         // Field by field first, so a bad value names its setting.
-        for (k, v) in &self.0 {
+        for (k, v) in map.iter() {
             let one = serde_json::Map::from_iter([(k.clone(), v.clone())]);
             if let Err(e) = serde_json::from_value::<S>(serde_json::Value::Object(one)) {
                 return Err(ConfigError::new(k.clone(), e.to_string()));
             }
         }
-        serde_json::from_value(serde_json::Value::Object(self.0.clone()))
+        serde_json::from_value(serde_json::Value::Object(map.into_owned()))
             .map_err(|e| ConfigError::new("set", e.to_string()))
+    }
+}
+
+impl PartialEq for ObjectConfig {
+    /// The same settings, however they were made.
+    fn eq(&self, other: &Self) -> bool {
+        self.fields() == other.fields()
+    }
+}
+
+impl Serialize for ObjectConfig {
+    fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+        self.fields().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ObjectConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ObjectConfig(Repr::Fields(serde_json::Map::deserialize(d)?)))
     }
 }
 
@@ -325,7 +390,7 @@ impl EnforcementObject for Noop {
     }
     fn validate(&self, config: &ObjectConfig) -> Result<(), ConfigError> {
         match config.set_fields().first() {
-            Some(f) => Err(ConfigError::unsupported(*f, "a noop object has no settings")),
+            Some(f) => Err(ConfigError::unsupported(f.clone(), "a noop object has no settings")),
             None => Ok(()),
         }
     }
