@@ -341,7 +341,7 @@ impl Txn<'_> {
                 })?
                 .object,
         );
-        if set.set_fields().is_empty() {
+        if set.is_empty() {
             return Err(Error::rule(loc, Some("set"), "a configure rule must change at least one setting"));
         }
         match o.validate(set) {
