@@ -1,26 +1,38 @@
 //! The `bench-ycsb` command line: run a YCSB workload side by side against
 //! RocksDB, RocksDB with its auto-tuned rate limiter, and RocksDB through a
-//! stage with SILK. The binary is [`main`] with the process's arguments;
-//! tests call it in a child process of their own.
+//! stage with SILK or static limits, on an emulated or a kernel-throttled
+//! device; or the paper's three workloads at once (`figures`). The binary is
+//! [`main`] with the process's arguments; tests call it in a child process
+//! of their own.
 
 use std::ffi::OsString;
-use std::io::Write as _;
+use std::fmt::Write as _;
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::kernel::{self, KernelDevice};
 use crate::profile::Profile;
-use crate::report::{self, BenchReport, SystemReport};
+use crate::report::{self, BenchReport, ByteCheck, SystemReport};
 use crate::runner::{self, RunParams};
-use crate::systems::{self, DbOptions, SystemConfig, SystemKind};
+use crate::systems::{self, DbOptions, DeviceSpec, SystemConfig, SystemKind};
 use crate::workload::Workload;
 use crate::{Error, Result};
 use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kv_stage::units::{Bandwidth, parse_duration};
 
 const EXAMPLES: &str = "\
 Examples:
   # The default comparison (mixture workload, all four systems, about 5 minutes):
   bench-ycsb run --out results
+
+  # The same on the real disk, throttled by the kernel to 64 MiB/s each way (root):
+  bench-ycsb run --device kernel:rbps=64MiB,wbps=64MiB --out results-kernel
+
+  # The paper's three workloads (Fig. 5-7), cold and warm start, 3 repeats:
+  bench-ycsb figures --out figures
 
   # Read-heavy, SILK against plain RocksDB only, 2 minutes each, a faster device:
   bench-ycsb run --workload read-heavy --systems rocksdb,paio-silk --duration 120s --device 128MiB/s --out rh
@@ -39,6 +51,9 @@ Examples:
 /// about 400 MB of 1 KB records, enough that compactions reach L2.
 const DEFAULT_RECORDCOUNT: u64 = 400_000;
 
+/// The default load profile: SILK's shape, peaks of 5,000 ops/s.
+const DEFAULT_PROFILE: &str = "silk:low=1000,peak=5000,valley=1000,low-for=10s,period=20s";
+
 #[derive(Parser)]
 #[command(name = "bench-ycsb", about = "YCSB workloads, open loop, side by side: RocksDB vs RocksDB with SILK through a kv-stage stage", after_help = EXAMPLES)]
 struct Cli {
@@ -50,6 +65,9 @@ struct Cli {
 enum Command {
     /// Load (unless --base), then run every system and report.
     Run(RunArgs),
+    /// The paper's three workloads (mixture, read-heavy, write-heavy), every
+    /// system, cold and warm start, alternating repeats; one figures.md.
+    Figures(FiguresArgs),
     /// Only load a DB, for later runs with --base.
     Load(LoadArgs),
     /// Re-make the table, CSV and plots from a results directory.
@@ -82,49 +100,96 @@ struct LoadArgs {
     db: PathBuf,
 }
 
-#[derive(Args)]
-struct RunArgs {
-    #[command(flatten)]
-    workload: WorkloadArgs,
+/// What `run` and `figures` share.
+#[derive(Args, Clone)]
+struct SystemArgs {
     /// Systems, comma-separated: rocksdb, rocksdb-autotuned, paio-silk, paio-static.
     #[arg(long, default_value = "rocksdb,rocksdb-autotuned,paio-silk,paio-static")]
     systems: String,
     /// Client threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
-    /// Load profile: constant:RATE, silk:low=..,peak=..[,valley=..,low-for=..,period=..], file:PATH.
-    #[arg(long, default_value = "silk:low=1000,peak=5000,valley=1000,low-for=10s,period=20s")]
+    /// Load profile: constant:RATE, silk:low=..,peak=..[,valley=..,low-for=..,period=..], file:PATH,
+    /// or a named one (see --help of `profile` names: paper, long-peaks).
+    #[arg(long, default_value = DEFAULT_PROFILE)]
     profile: String,
-    /// Length of each run phase.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    duration: Duration,
-    /// Emulated device bandwidth (shared by reads and writes).
-    #[arg(long, default_value = "64MiB/s")]
-    device: Bandwidth,
+    /// The device: emulated:RATE (rocks-env's FIFO device, reads and writes
+    /// share RATE; a bare RATE means the same), or kernel:rbps=..,wbps=..,riops=..,wiops=..
+    /// (the disk under --data, throttled by a cgroup; io.max keys, human
+    /// units, `max` = unlimited; needs root).
+    #[arg(long, default_value = "emulated:64MiB/s")]
+    device: DeviceSpec,
     /// KVS_B: SILK's budget, the auto-tuned limiter's maximum, what static limits split.
     #[arg(long, default_value = "56MiB/s")]
     kvs_bandwidth: Bandwidth,
     /// SILK's min_B.
     #[arg(long, default_value = "4MiB/s")]
     min_bandwidth: Bandwidth,
-    /// Runs per system (systems alternate).
-    #[arg(long, default_value_t = 1)]
-    repeats: usize,
-    /// Output directory.
-    #[arg(long, default_value = "ycsb-results")]
-    out: PathBuf,
-    /// Use this loaded DB (from `bench-ycsb load`) instead of loading.
-    #[arg(long)]
-    base: Option<PathBuf>,
     /// Where the DB copies live (default: OUT/data; removed after each run).
     #[arg(long)]
     data: Option<PathBuf>,
     /// Keep the DB copies.
     #[arg(long)]
     keep_data: bool,
+    /// Longest wait for RocksDB to settle before a warm start.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    settle_timeout: Duration,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[command(flatten)]
+    sys: SystemArgs,
+    /// Length of each run's schedule.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Runs per system (systems alternate).
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Warm start: after opening each system's copy of the loaded DB, wait
+    /// until RocksDB reports no pending flush or compaction, then start the clock.
+    #[arg(long)]
+    settle: bool,
+    /// Output directory.
+    #[arg(long, default_value = "ycsb-results")]
+    out: PathBuf,
+    /// Use this loaded DB (from `bench-ycsb load`) instead of loading.
+    #[arg(long)]
+    base: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct FiguresArgs {
+    /// Workloads, comma-separated.
+    #[arg(long, default_value = "mixture,read-heavy,write-heavy")]
+    workloads: String,
+    /// Starts, comma-separated: cold (the clock starts right after opening
+    /// the loaded DB), warm (after RocksDB settles; see `run --settle`).
+    #[arg(long, default_value = "cold,warm")]
+    starts: String,
+    /// Records to load per workload.
+    #[arg(long, default_value_t = DEFAULT_RECORDCOUNT)]
+    recordcount: u64,
+    /// Seed of every random stream.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[command(flatten)]
+    sys: SystemArgs,
+    /// Length of each run's schedule (the default profile then has 6 peaks
+    /// and 5 valleys after its low phase).
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Runs per system (systems alternate); the tables show medians.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Output directory (one subdirectory per workload and start, and figures.md).
+    #[arg(long, default_value = "ycsb-figures")]
+    out: PathBuf,
 }
 
 fn workload(args: &WorkloadArgs) -> Result<Workload> {
@@ -141,131 +206,442 @@ fn workload(args: &WorkloadArgs) -> Result<Workload> {
     Ok(w)
 }
 
-fn progress_bar(label: &str, quiet: bool) -> impl Fn(f64) + Sync + '_ {
-    move |f: f64| {
-        if quiet {
-            return;
+/// Progress: a bar on a terminal; otherwise at most one line per phase.
+struct Progress {
+    quiet: bool,
+    tty: bool,
+}
+
+impl Progress {
+    fn new(quiet: bool) -> Self {
+        Progress { quiet, tty: std::io::stderr().is_terminal() }
+    }
+
+    /// One line about a phase (both modes).
+    fn line(&self, msg: &str) {
+        if !self.quiet {
+            eprintln!("{msg}");
         }
-        let n = (f * 40.0) as usize;
-        eprint!("\r{label:<20} [{}{}] {:>3.0}%", "#".repeat(n), " ".repeat(40 - n), f * 100.0);
-        let _ = std::io::stderr().flush();
-        if f >= 1.0 {
-            eprintln!();
+    }
+
+    /// A bar for a run of `len` (terminal only).
+    fn bar(&self, label: &str, len: Duration) -> Option<ProgressBar> {
+        if self.quiet || !self.tty {
+            return None;
         }
+        let bar = ProgressBar::with_draw_target(Some(len.as_secs()), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:<24} [{bar:40}] {pos}/{len} s")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("#>-"),
+        );
+        bar.set_prefix(label.to_owned());
+        Some(bar)
     }
 }
 
-fn load_base(w: &Workload, db: &DbOptions, path: &Path, seed: u64, quiet: bool) -> Result<rocksdb::DB> {
-    if !quiet {
-        eprintln!("loading {} records of {} bytes into {} ...", w.recordcount, w.record_bytes(), path.display());
-    }
+/// Paths to remove if the run is interrupted (the cgroups go too).
+static INTERRUPT_CLEANUP: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn cleanup_on_interrupt(path: &Path) {
+    INTERRUPT_CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).push(path.to_path_buf());
+}
+
+fn install_interrupt_handler() {
+    kernel::install_interrupt_cleanup(|| {
+        for p in INTERRUPT_CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    });
+}
+
+fn load_base(w: &Workload, db: &DbOptions, path: &Path, seed: u64, progress: &Progress) -> Result<rocksdb::DB> {
+    progress.line(&format!(
+        "loading {} records of {} bytes into {} ...",
+        w.recordcount,
+        w.record_bytes(),
+        path.display()
+    ));
     let t = Instant::now();
     let base = runner::load(path, &db.rocksdb(), w, 2, seed)?;
-    if !quiet {
-        eprintln!("loaded in {:.1}s", t.elapsed().as_secs_f64());
-    }
+    progress.line(&format!("loaded in {:.1}s", t.elapsed().as_secs_f64()));
     Ok(base)
 }
 
-fn run(a: RunArgs) -> Result<BenchReport> {
-    let w = workload(&a.workload)?;
-    let kinds = SystemKind::parse_list(&a.systems)?;
+/// The machine, for reports: CPUs, memory, kernel.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<f64>().ok()))
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs ({model}), {mem_gib:.0} GiB memory, Linux {}", kernel.trim())
+}
+
+/// One benchmark: a workload, its systems and repeats, one start.
+struct Bench<'a> {
+    w: &'a Workload,
+    kinds: Vec<SystemKind>,
+    params: RunParams,
+    profile: Profile,
+    cfg: SystemConfig,
+    repeats: usize,
+    warm: bool,
+    settle_timeout: Duration,
+    kernel: Option<&'a KernelDevice>,
+    /// The loaded DB every run starts from.
+    base: &'a Path,
+    /// Where the run copies go.
+    data: &'a Path,
+    keep_data: bool,
+    out: &'a Path,
+    print_ycsb: bool,
+}
+
+fn probe_device(sys: &SystemArgs, data: &Path) -> Result<Option<KernelDevice>> {
+    match sys.device {
+        DeviceSpec::Emulated(_) => Ok(None),
+        DeviceSpec::Kernel(l) => KernelDevice::probe(l, data).map(Some),
+    }
+}
+
+fn check_system_args(sys: &SystemArgs) -> Result<Vec<SystemKind>> {
+    let kinds = SystemKind::parse_list(&sys.systems)?;
     if kinds.is_empty() {
         return Err(Error::Usage("--systems is empty".into()));
     }
-    if a.threads == 0 || a.repeats == 0 {
-        return Err(Error::Usage("--threads and --repeats must be at least 1".into()));
+    if sys.threads == 0 {
+        return Err(Error::Usage("--threads must be at least 1".into()));
     }
-    let profile = Profile::parse(&a.profile)?;
-    let cfg = SystemConfig {
-        device: a.device,
-        kvs: a.kvs_bandwidth,
-        min: a.min_bandwidth,
-        silk_interval_ms: 10,
-        db: DbOptions::default(),
-    };
-    if cfg.min > cfg.kvs {
+    if sys.min_bandwidth > sys.kvs_bandwidth {
         return Err(Error::Usage("--min-bandwidth must not exceed --kvs-bandwidth".into()));
     }
-    std::fs::create_dir_all(&a.out).map_err(Error::io(format!("creating {}", a.out.display())))?;
-    let data = a.data.clone().unwrap_or_else(|| a.out.join("data"));
-    std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
+    Ok(kinds)
+}
 
-    // Load once; every run starts from a checkpoint (hard links) of it.
-    let base_path = a.base.clone().unwrap_or_else(|| data.join("base"));
-    let base = if a.base.is_some() {
-        rocksdb::DB::open(&cfg.db.rocksdb(), &base_path)?
-    } else {
-        let _ = std::fs::remove_dir_all(&base_path);
-        load_base(&w, &cfg.db, &base_path, a.workload.seed, a.quiet)?
-    };
+fn system_config(sys: &SystemArgs) -> SystemConfig {
+    SystemConfig {
+        device: sys.device,
+        kvs: sys.kvs_bandwidth,
+        min: sys.min_bandwidth,
+        silk_interval_ms: 10,
+        db: DbOptions::for_device(&sys.device),
+    }
+}
+
+fn device_description(cfg: &SystemConfig, kernel: Option<&KernelDevice>) -> String {
+    match (cfg.device, kernel) {
+        (_, Some(k)) => k.describe(),
+        (DeviceSpec::Emulated(b), None) => format!("emulated FIFO device, {b} shared by reads and writes"),
+        (DeviceSpec::Kernel(l), None) => format!("kernel-throttled disk, {l}"),
+    }
+}
+
+/// Runs every system of `b` `repeats` times, alternating, and writes the
+/// report into `b.out`.
+fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
+    std::fs::create_dir_all(b.out).map_err(Error::io(format!("creating {}", b.out.display())))?;
+    let start_name = if b.warm { "warm" } else { "cold" };
+    let base = rocksdb::DB::open(&b.cfg.db.rocksdb(), b.base)?;
     let mut runs = Vec::new();
-    for r in 1..=a.repeats {
+    for r in 1..=b.repeats {
         // Alternate the order between repeats.
-        let mut order = kinds.clone();
-        order.rotate_left((r - 1) % kinds.len());
+        let mut order = b.kinds.clone();
+        order.rotate_left((r - 1) % b.kinds.len());
         for kind in order {
-            let path = data.join(format!("{}-{r}", kind.name()));
+            let path = b.data.join(format!("{}-{}-{start_name}-{r}", b.w.name, kind.name()));
             let _ = std::fs::remove_dir_all(&path);
+            cleanup_on_interrupt(&path);
             rocksdb::checkpoint::Checkpoint::new(&base)?.create_checkpoint(&path)?;
             runs.push((kind, r, path));
         }
     }
     drop(base);
-
-    let params = RunParams {
-        threads: a.threads,
-        duration: a.duration,
-        profile: profile.clone(),
-        seed: a.workload.seed,
-        drain: Duration::from_secs(30).min(a.duration),
-    };
     let mut reports = Vec::new();
     for (kind, r, path) in runs {
-        let decisions = a.out.join(format!("decisions-{}-{r}.jsonl", kind.name()));
-        let _ = std::fs::remove_file(&decisions);
-        let sys = systems::open(kind, &path, &cfg, Some(&decisions))?;
-        let label = format!("{} #{r}", kind.name());
-        let result = runner::run(&sys.db, &w, &params, &progress_bar(&label, a.quiet));
-        let mut rep = SystemReport::new(kind.name(), r, &result);
-        rep.stall_us = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros);
-        rep.device_wait_us = sys.device.stats().wait_ns / 1000;
-        rep.context_bytes =
-            sys.stage.collect().contexts.iter().map(|c| (c.context.name().to_owned(), c.counter.bytes)).collect();
-        if let Some(ctl) = sys.controller {
-            rep.controller_cycles = ctl.cycles();
-            ctl.stop(); // flushes the decision log
-        }
-        drop(sys.db);
-        if !a.keep_data {
+        let result = run_one(b, kind, r, &path, progress);
+        if !b.keep_data {
             let _ = std::fs::remove_dir_all(&path);
         }
-        if !a.quiet {
+        let rep = result?;
+        if b.print_ycsb && !progress.quiet {
             println!("== {} (repeat {r})\n{}", kind.name(), rep.ycsb_text());
         }
         reports.push(rep);
     }
-    if !a.keep_data && a.base.is_none() {
+    let report = BenchReport {
+        workload: b.w.name.clone(),
+        workload_properties: serde_json::to_value(b.w).unwrap_or_default(),
+        profile: b.profile.describe(),
+        threads: b.params.threads,
+        duration_s: b.params.duration.as_secs_f64(),
+        seed: b.params.seed,
+        device: device_description(&b.cfg, b.kernel),
+        start: start_name.into(),
+        machine: machine(),
+        kvs_bandwidth: b.cfg.kvs.to_string(),
+        config: serde_json::to_value(&b.cfg).unwrap_or_default(),
+        systems: reports,
+    };
+    report::write_all(&report, b.out)?;
+    Ok(report)
+}
+
+/// One system, one repeat: (cgroup,) open, (settle,) run, measure, close.
+fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Progress) -> Result<SystemReport> {
+    let label = format!("{} {} #{r}", b.w.name, kind.name());
+    let cgroup = match b.kernel {
+        Some(k) => {
+            let cg = k.create(&format!("{}-{r}", kind.name()))?;
+            cg.enter()?;
+            Some(cg)
+        }
+        None => None,
+    };
+    let decisions = b.out.join(format!("decisions-{}-{r}.jsonl", kind.name()));
+    let _ = std::fs::remove_file(&decisions);
+    let sys = systems::open(kind, path, &b.cfg, Some(&decisions))?;
+    let settle_ms = if b.warm {
+        progress.line(&format!("{label}: settling (waiting for RocksDB's pending compactions)"));
+        match runner::settle(sys.db.db(), b.settle_timeout) {
+            Some(d) => Some(d.as_millis() as u64),
+            None => {
+                eprintln!(
+                    "warning: {label}: RocksDB still had compaction work after {}s; starting anyway",
+                    b.settle_timeout.as_secs()
+                );
+                Some(b.settle_timeout.as_millis() as u64)
+            }
+        }
+    } else {
+        None
+    };
+    let charged0 = cgroup.as_ref().map(|c| c.charged()).transpose()?;
+    let seen0 = sys.seen_bytes();
+    let stall0 = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros);
+    let bar = progress.bar(&label, b.params.duration);
+    if bar.is_none() {
+        progress.line(&format!("{label}: running {}s", b.params.duration.as_secs()));
+    }
+    let secs = b.params.duration.as_secs_f64();
+    let tick = |f: f64| {
+        if let Some(bar) = &bar {
+            bar.set_position((f * secs).round() as u64);
+        }
+    };
+    let result = runner::run(sys.db.db(), b.w, &b.params, &tick);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let charged = cgroup.as_ref().map(|c| c.charged()).transpose()?;
+    let seen = sys.seen_bytes();
+    let mut rep = SystemReport::new(kind.name(), r, &result, &b.profile);
+    rep.settle_ms = settle_ms;
+    rep.stall_us = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros).saturating_sub(stall0);
+    let stalls = sys.options.get_histogram_data(rocksdb::statistics::Histogram::WriteStall);
+    rep.longest_stall_us = stalls.max() as u64;
+    rep.stalled_writes = stalls.count();
+    rep.device_wait_us = sys.device.as_ref().map_or(0, |d| d.stats().wait_ns / 1000);
+    if let Some(stage) = &sys.stage {
+        rep.context_bytes =
+            stage.collect().contexts.iter().map(|c| (c.context.name().to_owned(), c.counter.bytes)).collect();
+    }
+    if let (Some(c1), Some(c0)) = (charged, charged0) {
+        let seen = systems::SeenBytes {
+            read_bytes: seen.read_bytes - seen0.read_bytes,
+            write_bytes: seen.write_bytes - seen0.write_bytes,
+            source: seen.source,
+        };
+        rep.byte_check = Some(ByteCheck::new(c1.since(&c0), seen));
+    }
+    rep.controller_cycles = sys.controller.as_ref().map_or(0, |c| c.cycles());
+    // Close outside the throttle: what is left of the background work is
+    // not measured.
+    if let Some(cg) = &cgroup {
+        cg.leave()?;
+    }
+    sys.close();
+    drop(cgroup);
+    let check = rep
+        .byte_check
+        .as_ref()
+        .map(|c| format!(", kernel saw {:.0}% of writes{}", c.write_ratio * 100.0, if c.low { " (LOW)" } else { "" }))
+        .unwrap_or_default();
+    progress.line(&format!(
+        "{label}: {:.0} ops/s, p99 {:.1} ms, stall {:.1}s{check}",
+        rep.throughput_ops,
+        rep.p99_us as f64 / 1e3,
+        rep.stall_us as f64 / 1e6
+    ));
+    Ok(rep)
+}
+
+fn params(sys: &SystemArgs, duration: Duration, profile: &Profile, seed: u64) -> RunParams {
+    RunParams {
+        threads: sys.threads,
+        duration,
+        profile: profile.clone(),
+        seed,
+        drain: Duration::from_secs(30).min(duration),
+    }
+}
+
+fn run(a: RunArgs) -> Result<BenchReport> {
+    let w = workload(&a.workload)?;
+    let kinds = check_system_args(&a.sys)?;
+    if a.repeats == 0 {
+        return Err(Error::Usage("--repeats must be at least 1".into()));
+    }
+    let profile = Profile::parse(&a.sys.profile)?;
+    let cfg = system_config(&a.sys);
+    let progress = Progress::new(a.sys.quiet);
+    std::fs::create_dir_all(&a.out).map_err(Error::io(format!("creating {}", a.out.display())))?;
+    let data = a.sys.data.clone().unwrap_or_else(|| a.out.join("data"));
+    std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
+    // Everything the kernel device needs is checked before the load.
+    let kernel = probe_device(&a.sys, &data)?;
+    install_interrupt_handler();
+
+    let base_path = a.base.clone().unwrap_or_else(|| data.join("base"));
+    if a.base.is_none() {
+        let _ = std::fs::remove_dir_all(&base_path);
+        if !a.sys.keep_data {
+            cleanup_on_interrupt(&base_path);
+        }
+        drop(load_base(&w, &cfg.db, &base_path, a.workload.seed, &progress)?);
+    }
+    let b = Bench {
+        w: &w,
+        kinds,
+        params: params(&a.sys, a.duration, &profile, a.workload.seed),
+        profile: profile.clone(),
+        cfg,
+        repeats: a.repeats,
+        warm: a.settle,
+        settle_timeout: a.sys.settle_timeout,
+        kernel: kernel.as_ref(),
+        base: &base_path,
+        data: &data,
+        keep_data: a.sys.keep_data,
+        out: &a.out,
+        print_ycsb: true,
+    };
+    let report = bench(&b, &progress);
+    if !a.sys.keep_data && a.base.is_none() {
         let _ = std::fs::remove_dir_all(&base_path);
     }
-    if !a.keep_data {
+    if !a.sys.keep_data {
         // Only removes the data directory when it is empty now.
         let _ = std::fs::remove_dir(&data);
     }
-    let report = BenchReport {
-        workload: w.name.clone(),
-        workload_properties: serde_json::to_value(&w).unwrap_or_default(),
-        profile: profile.describe(),
-        threads: a.threads,
-        duration_s: a.duration.as_secs_f64(),
-        seed: a.workload.seed,
-        device: format!("emulated FIFO device, {} shared by reads and writes", a.device),
-        kvs_bandwidth: a.kvs_bandwidth.to_string(),
-        config: serde_json::to_value(&cfg).unwrap_or_default(),
-        systems: reports,
-    };
-    report::write_all(&report, &a.out)?;
-    Ok(report)
+    report
+}
+
+fn figures(a: FiguresArgs) -> Result<()> {
+    let kinds = check_system_args(&a.sys)?;
+    if a.repeats == 0 {
+        return Err(Error::Usage("--repeats must be at least 1".into()));
+    }
+    let mut starts = Vec::new();
+    for s in a.starts.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match s {
+            "cold" => starts.push(false),
+            "warm" => starts.push(true),
+            other => return Err(Error::Usage(format!("--starts: unknown start '{other}' (cold, warm)"))),
+        }
+    }
+    if starts.is_empty() {
+        return Err(Error::Usage("--starts is empty".into()));
+    }
+    let workloads: Vec<Workload> = a
+        .workloads
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|name| {
+            workload(&WorkloadArgs { workload: name.to_owned(), recordcount: Some(a.recordcount), seed: a.seed })
+        })
+        .collect::<Result<_>>()?;
+    if workloads.is_empty() {
+        return Err(Error::Usage("--workloads is empty".into()));
+    }
+    let profile = Profile::parse(&a.sys.profile)?;
+    let cfg = system_config(&a.sys);
+    let progress = Progress::new(a.sys.quiet);
+    std::fs::create_dir_all(&a.out).map_err(Error::io(format!("creating {}", a.out.display())))?;
+    let data = a.sys.data.clone().unwrap_or_else(|| a.out.join("data"));
+    std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
+    let kernel = probe_device(&a.sys, &data)?;
+    install_interrupt_handler();
+    let started = Instant::now();
+    let mut done = Vec::new();
+    for w in &workloads {
+        let base_path = data.join(format!("base-{}", w.name));
+        let _ = std::fs::remove_dir_all(&base_path);
+        if !a.sys.keep_data {
+            cleanup_on_interrupt(&base_path);
+        }
+        drop(load_base(w, &cfg.db, &base_path, a.seed, &progress)?);
+        for &warm in &starts {
+            let out = a.out.join(format!("{}-{}", w.name, if warm { "warm" } else { "cold" }));
+            let b = Bench {
+                w,
+                kinds: kinds.clone(),
+                params: params(&a.sys, a.duration, &profile, a.seed),
+                profile: profile.clone(),
+                cfg: cfg.clone(),
+                repeats: a.repeats,
+                warm,
+                settle_timeout: a.sys.settle_timeout,
+                kernel: kernel.as_ref(),
+                base: &base_path,
+                data: &data,
+                keep_data: a.sys.keep_data,
+                out: &out,
+                print_ycsb: false,
+            };
+            let report = bench(&b, &progress);
+            let report = match report {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&base_path);
+                    return Err(e);
+                }
+            };
+            println!("== {} ({} start)\n{}", w.name, report.start, report::table(&report));
+            done.push((out, report));
+            // What is done so far is readable while the rest runs.
+            let md = report::figures_md(&done, &a.out, &command_line(), started.elapsed())?;
+            std::fs::write(a.out.join("figures.md"), md).map_err(Error::io("writing figures.md"))?;
+        }
+        if !a.sys.keep_data {
+            let _ = std::fs::remove_dir_all(&base_path);
+        }
+    }
+    if !a.sys.keep_data {
+        let _ = std::fs::remove_dir(&data);
+    }
+    println!("figures.md, tables and plots in {} ({:.0} min)", a.out.display(), started.elapsed().as_secs_f64() / 60.0);
+    Ok(())
+}
+
+fn command_line() -> String {
+    let mut s = String::new();
+    for (i, a) in std::env::args().enumerate() {
+        let a = if i == 0 { "bench-ycsb".to_owned() } else { a };
+        let _ = write!(s, "{}{a}", if i > 0 { " " } else { "" });
+    }
+    s
 }
 
 /// Runs the command line `args` (the program name first) and returns the
@@ -284,16 +660,20 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
             let out = a.out.clone();
             run(a).map(|r| {
                 println!("{}", report::table(&r));
-                println!("{}; {} threads, {:.0}s per system; {}", r.profile, r.threads, r.duration_s, r.device);
+                println!(
+                    "{}; {} threads, {:.0}s per system, {} start; {}",
+                    r.profile, r.threads, r.duration_s, r.start, r.device
+                );
                 println!(
                     "results, time series (timeseries.csv) and plots (throughput.svg, p99.svg) in {}",
                     out.display()
                 );
             })
         }
+        Command::Figures(a) => figures(a),
         Command::Load(a) => workload(&a.workload).and_then(|w| {
             let _ = std::fs::remove_dir_all(&a.db);
-            load_base(&w, &DbOptions::default(), &a.db, a.workload.seed, false).map(drop)
+            load_base(&w, &DbOptions::default(), &a.db, a.workload.seed, &Progress::new(false)).map(drop)
         }),
         Command::Report { dir } => report::read(&dir).and_then(|r| {
             report::write_all(&r, &dir)?;

@@ -30,6 +30,7 @@
 pub mod cli;
 mod error;
 pub mod generator;
+pub mod kernel;
 pub mod profile;
 pub mod report;
 pub mod runner;

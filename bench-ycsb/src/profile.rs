@@ -144,6 +144,23 @@ impl Profile {
         }
     }
 
+    /// The name of the phase at `t` seconds: `low`, `peak` or `valley` for
+    /// SILK's shape, `constant`, or a schedule step's rate (`2000 ops/s`).
+    pub fn phase_at(&self, t: f64) -> String {
+        match self {
+            Profile::Constant { .. } => "constant".into(),
+            Profile::Silk { low_for_s, period_s, .. } => if t < *low_for_s {
+                "low"
+            } else if ((t - low_for_s) % period_s) < period_s / 2.0 {
+                "peak"
+            } else {
+                "valley"
+            }
+            .into(),
+            Profile::Schedule { .. } => format!("{:.0} ops/s", self.rate_at(t)),
+        }
+    }
+
     /// The highest rate (for sizing).
     pub fn max_rate(&self) -> f64 {
         match self {

@@ -9,7 +9,10 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::kernel::Charged;
+use crate::profile::Profile;
 use crate::runner::{OpStats, RunResult};
+use crate::systems::SeenBytes;
 
 /// Percentiles of one histogram, in microseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -84,6 +87,75 @@ pub struct SecondReport {
     pub p999_us: u64,
 }
 
+/// Latency over every second of one phase of the load profile (low, peak,
+/// valley), from the scheduled time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseReport {
+    /// Phase name (`low`, `peak`, `valley`; `constant`; a schedule step's rate).
+    pub phase: String,
+    /// How many separate times the phase occurred.
+    pub occurrences: usize,
+    /// Seconds of schedule in the phase.
+    pub seconds: usize,
+    /// Operations scheduled in the phase.
+    pub operations: u64,
+    /// Median, µs.
+    pub p50_us: u64,
+    /// 99th percentile, µs.
+    pub p99_us: u64,
+    /// 99.9th percentile, µs.
+    pub p999_us: u64,
+}
+
+/// One window of the schedule (10 s by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowReport {
+    /// First second.
+    pub from_s: usize,
+    /// One past the last second.
+    pub to_s: usize,
+    /// Completions per second in the window.
+    pub throughput_ops: f64,
+    /// 99th percentile of the operations scheduled in the window, µs.
+    pub p99_us: u64,
+}
+
+/// Written and read bytes as the kernel charged them to the run's cgroup
+/// against what the system saw, on a kernel-throttled device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ByteCheck {
+    /// What the kernel charged (over the measured run).
+    pub charged: Charged,
+    /// What the system saw over the same time.
+    pub seen: SeenBytes,
+    /// `charged.write_bytes / seen.write_bytes`.
+    pub write_ratio: f64,
+    /// `charged.read_bytes / seen.read_bytes`.
+    pub read_ratio: f64,
+    /// The kernel saw less than [`ByteCheck::MIN_WRITE_RATIO`] of the
+    /// written bytes: the page cache hid part of the writes from the
+    /// throttle, so the device was less loaded than it looks.
+    pub low: bool,
+}
+
+impl ByteCheck {
+    /// Below this share of written bytes charged, a run is flagged.
+    pub const MIN_WRITE_RATIO: f64 = 0.9;
+
+    /// Compares `charged` with `seen`.
+    pub fn new(charged: Charged, seen: SeenBytes) -> ByteCheck {
+        let ratio = |a: u64, b: u64| if b == 0 { f64::NAN } else { a as f64 / b as f64 };
+        let write_ratio = ratio(charged.write_bytes, seen.write_bytes);
+        ByteCheck {
+            charged,
+            read_ratio: ratio(charged.read_bytes, seen.read_bytes),
+            low: write_ratio < Self::MIN_WRITE_RATIO,
+            write_ratio,
+            seen,
+        }
+    }
+}
+
 /// What one system did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SystemReport {
@@ -113,6 +185,25 @@ pub struct SystemReport {
     pub dropped: u64,
     /// Time RocksDB stalled writes (`rocksdb.stall.micros`), µs.
     pub stall_us: u64,
+    /// The longest a write waited in a stall (`rocksdb.db.write.stall`'s
+    /// maximum), µs.
+    #[serde(default)]
+    pub longest_stall_us: u64,
+    /// Writes that waited in a stall.
+    #[serde(default)]
+    pub stalled_writes: u64,
+    /// Latency per phase of the load profile.
+    #[serde(default)]
+    pub phases: Vec<PhaseReport>,
+    /// Latency per 10 s window.
+    #[serde(default)]
+    pub windows: Vec<WindowReport>,
+    /// Warm start: how long the DB took to settle before the clock started, ms.
+    #[serde(default)]
+    pub settle_ms: Option<u64>,
+    /// Kernel device: charged against seen bytes.
+    #[serde(default)]
+    pub byte_check: Option<ByteCheck>,
     /// Time requests waited for the emulated device, µs.
     pub device_wait_us: u64,
     /// Bytes per request context the stage counted.
@@ -122,8 +213,8 @@ pub struct SystemReport {
 }
 
 impl SystemReport {
-    /// From a run.
-    pub fn new(name: &str, repeat: usize, r: &RunResult) -> Self {
+    /// From a run that followed `profile`.
+    pub fn new(name: &str, repeat: usize, r: &RunResult, profile: &Profile) -> Self {
         let overall = OpReport::of(&r.overall);
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         SystemReport {
@@ -148,12 +239,23 @@ impl SystemReport {
                     SecondReport { t, throughput_ops: s.ops, p50_us: l.p50_us, p99_us: l.p99_us, p999_us: l.p999_us }
                 })
                 .collect(),
+            phases: phases(r, profile),
+            windows: windows(r, WINDOW_S),
             dropped: r.dropped,
             stall_us: 0,
+            longest_stall_us: 0,
+            stalled_writes: 0,
+            settle_ms: None,
+            byte_check: None,
             device_wait_us: 0,
             context_bytes: BTreeMap::new(),
             controller_cycles: 0,
         }
+    }
+
+    /// The p99 of one phase (`peak`, ...), if the profile has it.
+    pub fn phase_p99(&self, phase: &str) -> Option<u64> {
+        self.phases.iter().find(|p| p.phase == phase).map(|p| p.p99_us)
     }
 
     /// YCSB's text summary.
@@ -183,6 +285,72 @@ impl SystemReport {
     }
 }
 
+/// Seconds per window in [`SystemReport::windows`].
+pub const WINDOW_S: usize = 10;
+
+/// Seconds of schedule (latencies are filed by scheduled second).
+fn schedule_seconds(r: &RunResult) -> usize {
+    (r.schedule_s.ceil() as usize).min(r.seconds.len())
+}
+
+fn phases(r: &RunResult, profile: &Profile) -> Vec<PhaseReport> {
+    let mut acc: Vec<(String, usize, usize, Histogram<u64>)> = Vec::new();
+    let mut last: Option<String> = None;
+    for (t, sec) in r.seconds.iter().take(schedule_seconds(r)).enumerate() {
+        let phase = profile.phase_at(t as f64 + 0.5);
+        let i = match acc.iter().position(|a| a.0 == phase) {
+            Some(i) => i,
+            None => {
+                acc.push((phase.clone(), 0, 0, sec.intended.clone()));
+                let i = acc.len() - 1;
+                acc[i].3.reset();
+                i
+            }
+        };
+        if last.as_deref() != Some(phase.as_str()) {
+            acc[i].1 += 1;
+        }
+        acc[i].2 += 1;
+        let _ = acc[i].3.add(&sec.intended);
+        last = Some(phase);
+    }
+    acc.into_iter()
+        .map(|(phase, occurrences, seconds, h)| {
+            let l = Latency::of(&h);
+            PhaseReport {
+                phase,
+                occurrences,
+                seconds,
+                operations: l.operations,
+                p50_us: l.p50_us,
+                p99_us: l.p99_us,
+                p999_us: l.p999_us,
+            }
+        })
+        .collect()
+}
+
+fn windows(r: &RunResult, len: usize) -> Vec<WindowReport> {
+    let n = schedule_seconds(r);
+    (0..n)
+        .step_by(len)
+        .map(|from| {
+            let to = (from + len).min(n);
+            let mut h = r.seconds[from].intended.clone();
+            for s in &r.seconds[from + 1..to] {
+                let _ = h.add(&s.intended);
+            }
+            let ops: u64 = r.seconds[from..to].iter().map(|s| s.ops).sum();
+            WindowReport {
+                from_s: from,
+                to_s: to,
+                throughput_ops: ops as f64 / (to - from) as f64,
+                p99_us: Latency::of(&h).p99_us,
+            }
+        })
+        .collect()
+}
+
 /// A whole benchmark: how it was run and what each system did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
@@ -198,14 +366,25 @@ pub struct BenchReport {
     pub duration_s: f64,
     /// Seed.
     pub seed: u64,
-    /// Emulated device (always on in this benchmark).
+    /// The device, described.
     pub device: String,
+    /// `cold` (the clock starts right after the load's checkpoint is
+    /// opened) or `warm` (after RocksDB reports no pending compaction).
+    #[serde(default = "cold")]
+    pub start: String,
+    /// The machine the run was on.
+    #[serde(default)]
+    pub machine: String,
     /// `KVS_B`.
     pub kvs_bandwidth: String,
     /// RocksDB options and system settings.
     pub config: serde_json::Value,
     /// Systems, in run order.
     pub systems: Vec<SystemReport>,
+}
+
+fn cold() -> String {
+    "cold".into()
 }
 
 /// Median of the systems' repeats, per system name.
@@ -219,7 +398,8 @@ fn per_system(report: &BenchReport) -> Vec<(String, Vec<&SystemReport>)> {
     order.into_iter().map(|n| (n.clone(), report.systems.iter().filter(|s| s.name == n).collect())).collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (NaN when empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -228,13 +408,71 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The comparison table (medians over repeats; ratios to `rocksdb`).
+/// One system's medians over its repeats.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Medians {
+    /// System name.
+    pub name: String,
+    /// Repeats.
+    pub repeats: usize,
+    /// Completions per second.
+    pub throughput_ops: f64,
+    /// p50, µs.
+    pub p50_us: f64,
+    /// p99, µs.
+    pub p99_us: f64,
+    /// p99.9, µs.
+    pub p999_us: f64,
+    /// p99 over the peaks, µs (NaN when the profile has none).
+    pub peak_p99_us: f64,
+    /// Total write stall, s.
+    pub stall_s: f64,
+    /// Longest single write stall, ms.
+    pub longest_stall_ms: f64,
+    /// Dropped requests.
+    pub dropped: f64,
+    /// Kernel-charged share of written bytes (NaN without a kernel device).
+    pub write_charged: f64,
+    /// Some repeat's byte check was low.
+    pub low_charge: bool,
+}
+
+/// Medians per system, in run order.
+pub fn medians(report: &BenchReport) -> Vec<Medians> {
+    per_system(report)
+        .into_iter()
+        .map(|(name, rs)| {
+            let m = |f: &dyn Fn(&SystemReport) -> f64| median(rs.iter().map(|r| f(r)).collect());
+            Medians {
+                repeats: rs.len(),
+                throughput_ops: m(&|r| r.throughput_ops),
+                p50_us: m(&|r| r.p50_us as f64),
+                p99_us: m(&|r| r.p99_us as f64),
+                p999_us: m(&|r| r.p999_us as f64),
+                peak_p99_us: m(&|r| r.phase_p99("peak").map_or(f64::NAN, |v| v as f64)),
+                stall_s: m(&|r| r.stall_us as f64 / 1e6),
+                longest_stall_ms: m(&|r| r.longest_stall_us as f64 / 1e3),
+                dropped: m(&|r| r.dropped as f64),
+                write_charged: m(&|r| r.byte_check.as_ref().map_or(f64::NAN, |c| c.write_ratio)),
+                low_charge: rs.iter().any(|r| r.byte_check.as_ref().is_some_and(|c| c.low)),
+                name,
+            }
+        })
+        .collect()
+}
+
+fn num(v: f64, prec: usize) -> String {
+    if v.is_nan() { "-".into() } else { format!("{v:.prec$}") }
+}
+
+/// The comparison table (medians over repeats; ratios to `rocksdb`). A
+/// kernel-device run whose written bytes the kernel saw less than 90% of
+/// is marked `LOW` in the `kernel w` column.
 pub fn table(report: &BenchReport) -> String {
+    let meds = medians(report);
     let groups = per_system(report);
-    let base = groups.iter().find(|g| g.0 == "rocksdb");
-    let m = |rs: &[&SystemReport], f: &dyn Fn(&SystemReport) -> f64| median(rs.iter().map(|r| f(r)).collect());
-    let base_tp = base.map(|b| m(&b.1, &|r| r.throughput_ops));
-    let base_p99 = base.map(|b| m(&b.1, &|r| r.p99_us as f64));
+    let base = meds.iter().find(|g| g.name == "rocksdb");
+    let kernel = meds.iter().any(|m| !m.write_charged.is_nan());
     let ops: Vec<String> = {
         let mut v: Vec<String> = report.systems.iter().flat_map(|s| s.per_op.keys().cloned()).collect();
         v.sort();
@@ -244,32 +482,41 @@ pub fn table(report: &BenchReport) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "{:<18} {:>11} {:>7} {:>9} {:>9} {:>10} {:>8}",
-        "system", "ops/s", "x base", "p50 µs", "p99 µs", "p99.9 µs", "p99 x"
+        "{:<18} {:>9} {:>7} {:>9} {:>9} {:>10} {:>8} {:>10}",
+        "system", "ops/s", "x base", "p50 µs", "p99 µs", "p99.9 µs", "p99 x", "peak p99"
     );
     for op in &ops {
         let _ = write!(s, " {:>12}", format!("{} p99", op.to_lowercase()));
     }
-    let _ = writeln!(s, " {:>9} {:>9}", "stall s", "dropped");
-    for (name, rs) in &groups {
-        let tp = m(rs, &|r| r.throughput_ops);
-        let p99 = m(rs, &|r| r.p99_us as f64);
+    let _ = write!(s, " {:>8} {:>10} {:>8}", "stall s", "max stall", "dropped");
+    if kernel {
+        let _ = write!(s, " {:>9}", "kernel w");
+    }
+    s.push('\n');
+    for (m, (_, rs)) in meds.iter().zip(&groups) {
         let _ = write!(
             s,
-            "{:<18} {:>11.0} {:>7} {:>9.0} {:>9.0} {:>10.0} {:>8}",
-            name,
-            tp,
-            base_tp.map_or("-".into(), |b| format!("{:.3}", tp / b)),
-            m(rs, &|r| r.p50_us as f64),
-            p99,
-            m(rs, &|r| r.p999_us as f64),
-            base_p99.map_or("-".into(), |b| format!("{:.3}", p99 / b)),
+            "{:<18} {:>9.0} {:>7} {:>9.0} {:>9.0} {:>10.0} {:>8} {:>10}",
+            m.name,
+            m.throughput_ops,
+            base.map_or("-".into(), |b| format!("{:.3}", m.throughput_ops / b.throughput_ops)),
+            m.p50_us,
+            m.p99_us,
+            m.p999_us,
+            base.map_or("-".into(), |b| format!("{:.3}", m.p99_us / b.p99_us)),
+            num(m.peak_p99_us, 0),
         );
         for op in &ops {
-            let v = m(rs, &|r| r.per_op.get(op).map_or(f64::NAN, |o| o.intended.p99_us as f64));
+            let v =
+                median(rs.iter().map(|r| r.per_op.get(op).map_or(f64::NAN, |o| o.intended.p99_us as f64)).collect());
             let _ = write!(s, " {:>12.0}", v);
         }
-        let _ = writeln!(s, " {:>9.1} {:>9.0}", m(rs, &|r| r.stall_us as f64 / 1e6), m(rs, &|r| r.dropped as f64));
+        let _ = write!(s, " {:>8.1} {:>8.0}ms {:>8.0}", m.stall_s, m.longest_stall_ms, m.dropped);
+        if kernel {
+            let flag = if m.low_charge { " LOW" } else { "" };
+            let _ = write!(s, " {:>9}", format!("{}%{flag}", num(m.write_charged * 100.0, 0)));
+        }
+        s.push('\n');
     }
     s
 }
@@ -419,4 +666,98 @@ pub fn read(dir: &Path) -> Result<BenchReport> {
     let path = dir.join("summary.json");
     let text = std::fs::read_to_string(&path).map_err(Error::io(format!("reading {}", path.display())))?;
     serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{}: {e}", path.display())))
+}
+
+/// `figures.md`: every workload's table and plots side by side, with the
+/// device, options and machine. `done` holds each result directory (under
+/// `root`) with its report.
+pub fn figures_md(
+    done: &[(std::path::PathBuf, BenchReport)],
+    root: &Path,
+    command: &str,
+    elapsed: std::time::Duration,
+) -> Result<String> {
+    let mut s = String::new();
+    let Some((_, first)) = done.first() else { return Ok(s) };
+    let _ = writeln!(s, "# YCSB: the paper's workloads, side by side\n");
+    let _ = writeln!(s, "- Command: `{command}` ({:.0} min so far)", elapsed.as_secs_f64() / 60.0);
+    let _ = writeln!(s, "- Device: {}", first.device);
+    let _ = writeln!(
+        s,
+        "- Load: {}; {} client threads; {:.0} s schedule per run",
+        first.profile, first.threads, first.duration_s
+    );
+    let _ = writeln!(s, "- Machine: {}", first.machine);
+    let _ = writeln!(s, "- Settings and RocksDB options: {}", first.config);
+    let _ = writeln!(
+        s,
+        "- Latency is measured from each request's scheduled time (open loop). Figures are medians over each system's repeats; plots show the first repeat.\n"
+    );
+    // One overview: p99 and throughput against plain RocksDB, per workload and start.
+    let _ = writeln!(s, "## Overview: p99 (and throughput) as a ratio to plain `rocksdb`\n");
+    let mut header = String::from("| system |");
+    let mut rule = String::from("|---|");
+    for (_, r) in done {
+        let _ = write!(header, " {} {} |", r.workload, r.start);
+        rule.push_str("---|");
+    }
+    let _ = writeln!(s, "{header}\n{rule}");
+    let names: Vec<String> = {
+        let mut v = Vec::new();
+        for (_, r) in done {
+            for m in medians(r) {
+                if !v.contains(&m.name) {
+                    v.push(m.name);
+                }
+            }
+        }
+        v
+    };
+    for name in &names {
+        let _ = write!(s, "| {name} |");
+        for (_, r) in done {
+            let meds = medians(r);
+            let base = meds.iter().find(|m| m.name == "rocksdb");
+            let cell = match (meds.iter().find(|m| &m.name == name), base) {
+                (Some(m), Some(b)) => format!(
+                    "{:.3}x p99 ({:.0} ms), {:.3}x ops/s",
+                    m.p99_us / b.p99_us,
+                    m.p99_us / 1e3,
+                    m.throughput_ops / b.throughput_ops
+                ),
+                (Some(m), None) => format!("{:.0} ms p99", m.p99_us / 1e3),
+                _ => "-".into(),
+            };
+            let _ = write!(s, " {cell} |");
+        }
+        s.push('\n');
+    }
+    for (dir, r) in done {
+        let rel = dir.strip_prefix(root).unwrap_or(dir).display().to_string();
+        let _ = writeln!(s, "\n## {} ({} start)\n", r.workload, r.start);
+        let _ = writeln!(s, "```\n{}```\n", table(r));
+        let _ = writeln!(s, "p99 per phase of the load, µs (medians over repeats):\n");
+        let phases: Vec<String> = {
+            let mut v: Vec<String> = Vec::new();
+            for sys in &r.systems {
+                for p in &sys.phases {
+                    if !v.contains(&p.phase) {
+                        v.push(p.phase.clone());
+                    }
+                }
+            }
+            v
+        };
+        let _ = writeln!(s, "| system | {} |", phases.join(" | "));
+        let _ = writeln!(s, "|---|{}", "---|".repeat(phases.len()));
+        for (name, rs) in per_system(r) {
+            let cells: Vec<String> = phases
+                .iter()
+                .map(|ph| num(median(rs.iter().filter_map(|x| x.phase_p99(ph)).map(|v| v as f64).collect()), 0))
+                .collect();
+            let _ = writeln!(s, "| {name} | {} |", cells.join(" | "));
+        }
+        let _ = writeln!(s, "\n![throughput]({rel}/throughput.svg)\n![p99]({rel}/p99.svg)");
+    }
+    Ok(s)
 }

@@ -304,3 +304,31 @@ pub fn load(path: &Path, options: &rocksdb::Options, workload: &Workload, thread
     db.flush()?;
     Ok(db)
 }
+
+/// Waits until RocksDB reports no pending or running flush or compaction
+/// (twice in a row, 200 ms apart), for a warm start. Returns how long that
+/// took, or `None` when `timeout` passed first.
+pub fn settle(db: &DB, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let busy = || {
+        [
+            "rocksdb.compaction-pending",
+            "rocksdb.num-running-compactions",
+            "rocksdb.num-running-flushes",
+            "rocksdb.mem-table-flush-pending",
+        ]
+        .iter()
+        .any(|p| db.property_int_value(*p).ok().flatten().unwrap_or(1) != 0)
+    };
+    let mut quiet_checks = 0;
+    loop {
+        quiet_checks = if busy() { 0 } else { quiet_checks + 1 };
+        if quiet_checks >= 2 {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

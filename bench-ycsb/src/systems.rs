@@ -1,10 +1,16 @@
 //! The systems compared, and the RocksDB options and device they share.
 //!
-//! Every system is RocksDB opened through rocks-env on the same emulated
-//! device, with the same options; they differ only in rate control:
+//! Every system is RocksDB with the same options on the same device; they
+//! differ only in rate control. The device is either the emulated one
+//! rocks-env implements (`--device emulated:64MiB/s`: every system runs
+//! through rocks-env with the device below its stage) or a real disk the
+//! kernel throttles (`--device kernel:rbps=..,wbps=..`: see
+//! [`crate::kernel`]; RocksDB uses direct I/O for reads, flush and
+//! compaction, and plain `rocksdb` is rust-rocksdb with no wrapper at all).
 //!
-//! * `rocksdb`: no rate control (a pass-through stage: no object ever holds
-//!   a request; it is there only so that RocksDB sees the emulated device);
+//! * `rocksdb`: no rate control (on the emulated device, a pass-through
+//!   stage: no object ever holds a request; it is there only so that
+//!   RocksDB sees the device);
 //! * `rocksdb-autotuned`: RocksDB's own auto-tuned rate limiter for flush and
 //!   compaction writes, at most `KVS_B`;
 //! * `paio-silk`: the paper's RocksDB layout and the SILK controller
@@ -12,13 +18,17 @@
 //! * `paio-static`: the same layout with static DRLs: flushes, L0 and LN
 //!   compactions each get a third of `KVS_B`.
 
+use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, SilkConfig};
+use kv_stage::iomax::IoMax;
 use kv_stage::{Bandwidth, ObjectConfig, Rate, Stage};
 use rocks_env::{Device, RocksLayout, StagedDb};
+use rocksdb::DB;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -89,6 +99,14 @@ pub struct DbOptions {
     pub max_background_jobs: i32,
     /// Block cache size.
     pub block_cache_bytes: usize,
+    /// Direct I/O for reads, flush and compaction (on for a kernel device,
+    /// so that the kernel charges the I/O to the run's cgroup).
+    pub direct_io: bool,
+    /// `wal_bytes_per_sync`: the writing thread starts writeback of the WAL
+    /// every this many bytes (0: never; the kernel device sets it so that
+    /// WAL writes are charged to the run's cgroup, not left to background
+    /// writeback).
+    pub wal_bytes_per_sync: u64,
 }
 
 impl Default for DbOptions {
@@ -107,6 +125,8 @@ impl Default for DbOptions {
             target_file_size_base: 16 << 20,
             max_background_jobs: 3,
             block_cache_bytes: 256 << 20,
+            direct_io: false,
+            wal_bytes_per_sync: 0,
         }
     }
 }
@@ -128,17 +148,85 @@ impl DbOptions {
         let mut t = rocksdb::BlockBasedOptions::default();
         t.set_block_cache(&rocksdb::Cache::new_lru_cache(self.block_cache_bytes));
         o.set_block_based_table_factory(&t);
+        o.set_use_direct_reads(self.direct_io);
+        o.set_use_direct_io_for_flush_and_compaction(self.direct_io);
+        o.set_wal_bytes_per_sync(self.wal_bytes_per_sync);
         o.enable_statistics();
         o
+    }
+
+    /// The options for `device`: direct I/O and WAL writeback by the
+    /// writer on a kernel-throttled device.
+    pub fn for_device(device: &DeviceSpec) -> DbOptions {
+        match device {
+            DeviceSpec::Emulated(_) => DbOptions::default(),
+            DeviceSpec::Kernel(_) => {
+                DbOptions { direct_io: true, wal_bytes_per_sync: KERNEL_WAL_BYTES_PER_SYNC, ..DbOptions::default() }
+            }
+        }
+    }
+}
+
+/// `wal_bytes_per_sync` on a kernel device.
+pub const KERNEL_WAL_BYTES_PER_SYNC: u64 = 256 << 10;
+
+/// The device every system of a run uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeviceSpec {
+    /// rocks-env's emulated FIFO device: one bandwidth shared by reads and
+    /// writes. Spelled `emulated:64MiB/s`, or a bare rate.
+    Emulated(Bandwidth),
+    /// The disk under the data directory, throttled by the kernel (cgroup
+    /// v2 `io.max` or v1 `blkio.throttle.*`). Spelled `kernel:` and the
+    /// io.max keys: `kernel:rbps=64MiB,wbps=64MiB,riops=max,wiops=max`.
+    Kernel(IoMax),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix("kernel:") {
+            let l = IoMax::parse(rest).map_err(|e| Error::Usage(format!("--device kernel: {e}")))?;
+            if l.is_unlimited() {
+                return Err(Error::Usage(
+                    "--device kernel: no limit given (set at least one of rbps, wbps, riops, wiops)".into(),
+                ));
+            }
+            return Ok(DeviceSpec::Kernel(l));
+        }
+        if s == "kernel" {
+            return Err(Error::Usage("--device kernel needs limits, e.g. kernel:rbps=64MiB,wbps=64MiB".into()));
+        }
+        let rate = s.strip_prefix("emulated:").unwrap_or(s);
+        rate.parse::<Bandwidth>().map(DeviceSpec::Emulated).map_err(|e| {
+            Error::Usage(format!(
+                "--device '{s}': {e} (emulated:RATE, a bare RATE, or kernel:rbps=..,wbps=..,riops=..,wiops=..)"
+            ))
+        })
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Emulated(b) => write!(f, "emulated:{b}"),
+            DeviceSpec::Kernel(l) => write!(f, "kernel:{}", l.to_string().replace(' ', ",")),
+        }
+    }
+}
+
+impl Serialize for DeviceSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
 /// Settings shared by all systems of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SystemConfig {
-    /// Emulated device bandwidth (bytes/s in the report).
-    #[serde(rename = "device_bps", serialize_with = "bytes_per_sec")]
-    pub device: Bandwidth,
+    /// The device (`emulated:RATE` or `kernel:KEYS` in the report).
+    pub device: DeviceSpec,
     /// `KVS_B`: SILK's budget, the auto-tuned limiter's maximum, and what
     /// the static limits split.
     #[serde(rename = "kvs_bps", serialize_with = "bytes_per_sec")]
@@ -152,8 +240,38 @@ pub struct SystemConfig {
     pub db: DbOptions,
 }
 
-fn bytes_per_sec<S: serde::Serializer>(b: &Bandwidth, s: S) -> std::result::Result<S::Ok, S::Error> {
+pub(crate) fn bytes_per_sec<S: serde::Serializer>(b: &Bandwidth, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_f64(b.bytes_per_sec())
+}
+
+/// The DB of a system: plain rust-rocksdb, or through a stage.
+pub enum SystemDb {
+    /// rust-rocksdb with no wrapper (plain `rocksdb` on a kernel device).
+    Plain(DB),
+    /// Through rocks-env and a stage.
+    Staged(Box<StagedDb>),
+}
+
+impl SystemDb {
+    /// The RocksDB handle clients use.
+    pub fn db(&self) -> &DB {
+        match self {
+            SystemDb::Plain(db) => db,
+            SystemDb::Staged(s) => s.db(),
+        }
+    }
+}
+
+/// Bytes a system read and wrote, as it saw them: through the stage, or,
+/// for plain RocksDB, from RocksDB's statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SeenBytes {
+    /// Bytes read from files.
+    pub read_bytes: u64,
+    /// Bytes written to files.
+    pub write_bytes: u64,
+    /// Where the figures come from: `stage` or `rocksdb-statistics`.
+    pub source: String,
 }
 
 /// A system, open and ready for clients.
@@ -161,29 +279,69 @@ pub struct RunningSystem {
     /// Which.
     pub kind: SystemKind,
     /// The DB.
-    pub db: StagedDb,
-    /// Its stage.
-    pub stage: Arc<Stage>,
-    /// The emulated device.
-    pub device: Arc<Device>,
+    pub db: SystemDb,
+    /// Its stage (none for plain RocksDB on a kernel device).
+    pub stage: Option<Arc<Stage>>,
+    /// The emulated device (none on a kernel device).
+    pub device: Option<Arc<Device>>,
     /// The controller (paio-silk).
     pub controller: Option<Controller>,
     /// The options it was opened with (for statistics).
     pub options: rocksdb::Options,
 }
 
+impl RunningSystem {
+    /// Bytes read and written so far, as the system saw them. For plain
+    /// RocksDB: WAL, flush and compaction writes, and every table-file read
+    /// RocksDB counted (`rocksdb.{last,non.last}.level.read.bytes`).
+    pub fn seen_bytes(&self) -> SeenBytes {
+        use rocksdb::statistics::Ticker;
+        match &self.db {
+            SystemDb::Staged(s) => {
+                let io = s.io_stats();
+                SeenBytes { read_bytes: io.bytes_read(), write_bytes: io.bytes_written(), source: "stage".into() }
+            }
+            SystemDb::Plain(_) => {
+                let t = |k| self.options.get_ticker_count(k);
+                SeenBytes {
+                    read_bytes: t(Ticker::LastLevelReadBytes) + t(Ticker::NonLastLevelReadBytes),
+                    write_bytes: t(Ticker::WalFileBytes) + t(Ticker::FlushWriteBytes) + t(Ticker::CompactWriteBytes),
+                    source: "rocksdb-statistics".into(),
+                }
+            }
+        }
+    }
+
+    /// Closes the DB, then stops the controller (which flushes its log).
+    pub fn close(self) {
+        let RunningSystem { db, controller, .. } = self;
+        if let Some(c) = controller {
+            c.stop();
+        }
+        drop(db);
+    }
+}
+
 /// Opens `kind` on a copy of the loaded DB at `path`. A controller, if the
 /// system has one, appends its decision log to `decision_log`.
 pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Option<&Path>) -> Result<RunningSystem> {
-    let device = Device::new(cfg.device);
-    let stage = Arc::new(Stage::new(kind.name()));
+    let device = match cfg.device {
+        DeviceSpec::Emulated(b) => Some(Device::new(b)),
+        DeviceSpec::Kernel(_) => None,
+    };
     let mut options = cfg.db.rocksdb();
     let kvs = cfg.kvs;
+    if kind == SystemKind::RocksDbAutotuned {
+        options.set_auto_tuned_ratelimiter(cfg.kvs.bytes_per_sec() as i64, 100_000, 10);
+    }
+    if kind == SystemKind::RocksDb && device.is_none() {
+        // On a real device, plain RocksDB is plain rust-rocksdb.
+        let db = DB::open(&options, path)?;
+        return Ok(RunningSystem { kind, db: SystemDb::Plain(db), stage: None, device, controller: None, options });
+    }
+    let stage = Arc::new(Stage::new(kind.name()));
     match kind {
-        SystemKind::RocksDb => {}
-        SystemKind::RocksDbAutotuned => {
-            options.set_auto_tuned_ratelimiter(cfg.kvs.bytes_per_sec() as i64, 100_000, 10);
-        }
+        SystemKind::RocksDb | SystemKind::RocksDbAutotuned => {}
         SystemKind::PaioSilk => {
             RocksLayout::new().install(&stage)?;
         }
@@ -197,7 +355,11 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
             }
         }
     }
-    let db = StagedDb::builder(options.clone()).stage(Arc::clone(&stage)).device(Arc::clone(&device)).open(path)?;
+    let mut builder = StagedDb::builder(options.clone()).stage(Arc::clone(&stage));
+    if let Some(d) = &device {
+        builder = builder.device(Arc::clone(d));
+    }
+    let db = builder.open(path)?;
     let controller = match kind {
         SystemKind::PaioSilk => {
             let mut c = ControllerConfig::silk(SilkConfig {
@@ -213,5 +375,30 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         }
         _ => None,
     };
-    Ok(RunningSystem { kind, db, stage, device, controller, options })
+    Ok(RunningSystem { kind, db: SystemDb::Staged(Box::new(db)), stage: Some(stage), device, controller, options })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs() {
+        let e: DeviceSpec = "64MiB/s".parse().unwrap();
+        assert_eq!(e, "emulated:64MiB/s".parse().unwrap());
+        let k: DeviceSpec = "kernel:rbps=64MiB,wbps=64MiB".parse().unwrap();
+        assert_eq!(k.to_string(), "kernel:rbps=67108864,wbps=67108864,riops=max,wiops=max");
+        assert_eq!(k.to_string().parse::<DeviceSpec>().unwrap(), k);
+        for (bad, words) in [
+            ("kernel:wbps=-1", "wbps: "),
+            ("kernel:rbps=12XB", "rbps: "),
+            ("kernel:rbps=1M,speed=3", "speed: unknown key"),
+            ("kernel:", "no limit"),
+            ("kernel", "needs limits"),
+            ("emulated:fast", "--device 'emulated:fast'"),
+        ] {
+            let e = bad.parse::<DeviceSpec>().unwrap_err().to_string();
+            assert!(e.contains(words), "{bad}: {e}");
+        }
+    }
 }

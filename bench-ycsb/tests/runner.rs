@@ -67,7 +67,7 @@ fn an_overloaded_run_records_every_scheduled_request() {
     // A request dropped at the drain limit waited at least until then.
     assert!(r.overall.intended.max() >= 300_000, "max latency {} µs", r.overall.intended.max());
 
-    let sys = SystemReport::new("slow", 1, &r);
+    let sys = SystemReport::new("slow", 1, &r, &Profile::Constant { rate: 1.0 });
     assert_eq!(sys.dropped, r.dropped);
     let json = serde_json::to_value(&sys).unwrap();
     assert_eq!(json["dropped"].as_u64(), Some(r.dropped), "summary.json has `dropped`");
@@ -80,6 +80,8 @@ fn an_overloaded_run_records_every_scheduled_request() {
         duration_s: 1.0,
         seed: 7,
         device: "none".into(),
+        start: "cold".into(),
+        machine: String::new(),
         kvs_bandwidth: "-".into(),
         config: serde_json::Value::Null,
         systems: vec![sys],
@@ -145,4 +147,39 @@ fn zipfian_field_lengths_favour_the_shortest() {
     assert!(share(1) > 0.15, "length 1 drawn {:.4} of the time", share(1));
     assert!(share(1) > 20.0 * share(50), "lengths are not zipfian");
     assert!(share(2) < share(1));
+}
+
+/// Latency is also reported per phase of the load profile (low, peak,
+/// valley, with how often each occurred) and per 10 s window.
+#[test]
+fn phases_and_windows_cover_the_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = small("mixture");
+    let (db, _stage) = slow_db(dir.path(), &w, "unlimited");
+    let profile = Profile::parse("silk:low=100,peak=400,valley=200,low-for=1s,period=4s").unwrap();
+    let params = RunParams {
+        threads: 2,
+        duration: Duration::from_secs(7),
+        profile: profile.clone(),
+        seed: 3,
+        drain: Duration::from_secs(1),
+    };
+    let r = runner::run(&db, &w, &params, &|_| {});
+    let rep = SystemReport::new("plain", 1, &r, &profile);
+    let phase =
+        |name: &str| rep.phases.iter().find(|p| p.phase == name).unwrap_or_else(|| panic!("{name}: {:?}", rep.phases));
+    // low 0-1 s; peaks 1-3 and 5-7 s; a valley 3-5 s.
+    assert_eq!((phase("low").occurrences, phase("low").seconds), (1, 1));
+    assert_eq!((phase("peak").occurrences, phase("peak").seconds), (2, 4));
+    assert_eq!((phase("valley").occurrences, phase("valley").seconds), (1, 2));
+    for (name, ops) in [("low", 100), ("peak", 1600), ("valley", 400)] {
+        let got = phase(name).operations as i64;
+        assert!((got - ops).abs() <= 4, "{name}: {got} operations scheduled, expected about {ops}");
+        assert!(phase(name).p99_us > 0 && phase(name).p50_us <= phase(name).p99_us);
+    }
+    assert_eq!(rep.phases.iter().map(|p| p.operations).sum::<u64>(), r.overall.intended.len());
+    assert_eq!(rep.windows.len(), 1);
+    assert_eq!((rep.windows[0].from_s, rep.windows[0].to_s), (0, 7));
+    assert!((rep.windows[0].throughput_ops - 300.0).abs() < 10.0, "{:?}", rep.windows[0]);
+    assert_eq!(rep.phase_p99("peak"), Some(phase("peak").p99_us));
 }

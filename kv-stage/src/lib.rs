@@ -61,6 +61,7 @@
 
 mod context;
 mod error;
+pub mod iomax;
 mod layers;
 mod matching;
 mod objects;

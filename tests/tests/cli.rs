@@ -135,6 +135,142 @@ fn bad_input_is_an_error_naming_what_was_wrong() {
     let o = bench().args(["run", "--profile", "silk:peak=5"]).arg("--out").arg(dir.path()).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("low"));
+    for (device, words) in
+        [("kernel:wbps=-1", "wbps: "), ("kernel:rbps=12XB", "rbps: "), ("kernel:rbps=1M,wbsp=2M", "wbsp: unknown key")]
+    {
+        let o = bench().args(["run", "--device", device]).arg("--out").arg(dir.path()).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{device}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(words), "{device}: {err}");
+    }
+    // A data directory the kernel cannot throttle is refused before loading.
+    if kernel_throttle_available().is_ok() && std::fs::metadata("/dev/shm").is_ok() {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let o = bench()
+            .args(["run", "--device", "kernel:wbps=8MiB", "--data"])
+            .arg(shm.path())
+            .arg("--out")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("tmpfs") && !err.contains("loading"), "{err}");
+    }
+}
+
+/// Whether this machine can throttle a disk with a cgroup: root, and
+/// cgroup v1 blkio or v2 with the io controller. `Err` says what is missing.
+fn kernel_throttle_available() -> Result<(), String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2));
+    if uid != Some("0") {
+        return Err("not root".into());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let v1 = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "blkio")
+    });
+    let v2 = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 2
+            && f[2] == "cgroup2"
+            && std::fs::read_to_string(format!("{}/cgroup.controllers", f[1]))
+                .is_ok_and(|c| c.split_whitespace().any(|x| x == "io"))
+    });
+    if v1 || v2 { Ok(()) } else { Err("no cgroup v1 blkio or v2 io controller mounted".into()) }
+}
+
+/// The cgroups a process of this pid made, by name, under every I/O
+/// controller mount.
+fn cgroups_of(pid: u32) -> Vec<String> {
+    let prefix = format!("kvsds-bench-{pid}-");
+    ["/sys/fs/cgroup/blkio", "/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
+    if let Err(why) = kernel_throttle_available() {
+        eprintln!("skipped: the kernel device needs root and a cgroup I/O controller: {why}");
+        return;
+    }
+    // On the disk (not a tmpfs): the current directory's filesystem.
+    let out = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut child = bench()
+        .args([
+            "run",
+            "--device",
+            "kernel:rbps=64MiB,wbps=32MiB",
+            "--systems",
+            "rocksdb,paio-silk",
+            "--workload",
+            "write-heavy",
+            "--recordcount",
+            "20000",
+            "--duration",
+            "5s",
+            "--profile",
+            "constant:4000",
+            "--threads",
+            "2",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .command()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // While it runs, each system's cgroup appears (one at a time).
+    let mut seen: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let status = loop {
+        for n in cgroups_of(pid) {
+            if !seen.contains(&n) {
+                seen.push(n);
+            }
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(std::time::Instant::now() < deadline, "the kernel-device run did not end in 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "{stdout}");
+    seen.sort();
+    assert_eq!(
+        seen,
+        [format!("kvsds-bench-{pid}-paio-silk-1"), format!("kvsds-bench-{pid}-rocksdb-1")],
+        "one cgroup per system run"
+    );
+    assert!(cgroups_of(pid).is_empty(), "cgroups left behind: {:?}", cgroups_of(pid));
+    assert!(stdout.contains("kernel w") && stdout.contains("cgroup"), "{stdout}");
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
+    assert!(summary["device"].as_str().unwrap().contains("kernel-throttled"));
+    for (s, source) in summary["systems"].as_array().unwrap().iter().zip(["rocksdb-statistics", "stage"]) {
+        let check = &s["byte_check"];
+        assert_eq!(check["seen"]["source"], source, "{s}");
+        let charged = check["charged"]["write_bytes"].as_u64().unwrap();
+        let seen = check["seen"]["write_bytes"].as_u64().unwrap();
+        // 90% of 4000 ops/s for 5 s are 1 KB updates: about 18 MB of WAL,
+        // a flush; the kernel charged most of it to the cgroup.
+        assert!(seen > 10_000_000, "{check}");
+        assert!(charged > seen / 2, "the kernel charged {charged} of {seen} written bytes: {check}");
+        let ratio = check["write_ratio"].as_f64().unwrap();
+        assert!((ratio - charged as f64 / seen as f64).abs() < 1e-9);
+        assert_eq!(check["low"].as_bool().unwrap(), ratio < 0.9);
+    }
 }
 
 /// A small well-formedness check for the SVGs we write: every tag closes,

@@ -1,0 +1,190 @@
+//! Per-volume limits in the key syntax of the Linux kernel's cgroup v2
+//! `io.max` file: `rbps=.. wbps=.. riops=.. wiops=..`, where `max` means
+//! unlimited and an absent key is unlimited too.
+//!
+//! The kernel wants plain integers (bytes per second, operations per
+//! second); this parser also takes human units (`64MiB`, `64MiB/s`, `125M`,
+//! `3k`), and keys may be separated by spaces or commas. [`IoMax`]'s
+//! `Display` prints what the kernel accepts, so a parsed limit can be
+//! written to `io.max` (after the device's `MAJ:MIN`) or to the cgroup v1
+//! `blkio.throttle.*` files as is.
+//!
+//! ```
+//! use kv_stage::iomax::IoMax;
+//! let l: IoMax = "wbps=4MiB riops=max".parse().unwrap();
+//! assert_eq!(l.wbps, Some(4 << 20));
+//! assert_eq!(l.riops, None);
+//! assert_eq!(l.to_string(), "rbps=max wbps=4194304 riops=max wiops=max");
+//! let e = "wbps=-1".parse::<IoMax>().unwrap_err();
+//! assert!(e.to_string().starts_with("wbps:"), "{e}");
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::units::{UnitError, parse_bytes};
+
+/// The four `io.max` keys, in the kernel's order.
+pub const KEYS: [&str; 4] = ["rbps", "wbps", "riops", "wiops"];
+
+/// Read and write limits of one volume; `None` is unlimited (`max`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct IoMax {
+    /// Read bytes per second.
+    pub rbps: Option<u64>,
+    /// Written bytes per second.
+    pub wbps: Option<u64>,
+    /// Read operations per second.
+    pub riops: Option<u64>,
+    /// Write operations per second.
+    pub wiops: Option<u64>,
+}
+
+/// Why an `io.max` line could not be parsed: the key (or the token, when
+/// it is not `key=value`) and what was wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct IoMaxError {
+    /// The key whose value was wrong, or the token that is no key.
+    pub key: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+fn bad(key: &str, message: impl Into<String>) -> IoMaxError {
+    IoMaxError { key: key.to_owned(), message: message.into() }
+}
+
+/// A value: `max`, or a positive amount. Byte keys take size units and an
+/// optional `/s`; iops keys take a count with an optional `k`/`M` and `/s`.
+fn value(key: &str, v: &str, bytes: bool) -> Result<Option<u64>, IoMaxError> {
+    let v = v.trim();
+    if v == "max" {
+        return Ok(None);
+    }
+    let per = v.strip_suffix("/s").unwrap_or(v);
+    let parsed: Result<f64, UnitError> = if bytes {
+        parse_bytes(per)
+    } else {
+        // A count: plain, or with an SI multiplier (3k = 3000).
+        let (num, mult) = match per.char_indices().last() {
+            Some((i, 'k' | 'K')) => (&per[..i], 1e3),
+            Some((i, 'M')) => (&per[..i], 1e6),
+            _ => (per, 1.0),
+        };
+        match num.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() && n >= 0.0 => Ok(n * mult),
+            Ok(_) => Err(UnitError(format!("'{v}' is negative or not finite"))),
+            Err(_) => Err(UnitError(format!("'{v}' is not a count of operations per second"))),
+        }
+    };
+    let n = parsed.map_err(|e| {
+        bad(key, format!("{e} (a {} or \"max\")", if bytes { "size such as 64MiB" } else { "count such as 3000" }))
+    })?;
+    if n < 1.0 {
+        return Err(bad(key, format!("'{v}' is below 1; the kernel takes a positive limit or \"max\"")));
+    }
+    if n >= u64::MAX as f64 {
+        return Err(bad(key, format!("'{v}' is too large")));
+    }
+    Ok(Some(n.round() as u64))
+}
+
+impl IoMax {
+    /// No limit at all.
+    pub const UNLIMITED: IoMax = IoMax { rbps: None, wbps: None, riops: None, wiops: None };
+
+    /// True when no key has a limit.
+    pub fn is_unlimited(&self) -> bool {
+        *self == IoMax::UNLIMITED
+    }
+
+    /// The limits with their keys, in the kernel's order.
+    pub fn entries(&self) -> [(&'static str, Option<u64>); 4] {
+        [("rbps", self.rbps), ("wbps", self.wbps), ("riops", self.riops), ("wiops", self.wiops)]
+    }
+
+    /// Parses `key=value` pairs separated by spaces or commas. Each key at
+    /// most once; an empty line is [`IoMax::UNLIMITED`].
+    pub fn parse(s: &str) -> Result<IoMax, IoMaxError> {
+        let mut out = IoMax::default();
+        let mut seen = [false; 4];
+        for token in s.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
+            let (k, v) =
+                token.split_once('=').ok_or_else(|| bad(token, "is not key=value (keys: rbps, wbps, riops, wiops)"))?;
+            let k = k.trim();
+            let i = KEYS
+                .iter()
+                .position(|&key| key == k)
+                .ok_or_else(|| bad(k, "unknown key (keys: rbps, wbps, riops, wiops)"))?;
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(bad(k, "given twice"));
+            }
+            let v = value(k, v, i < 2)?;
+            match i {
+                0 => out.rbps = v,
+                1 => out.wbps = v,
+                2 => out.riops = v,
+                _ => out.wiops = v,
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl FromStr for IoMax {
+    type Err = IoMaxError;
+    fn from_str(s: &str) -> Result<Self, IoMaxError> {
+        IoMax::parse(s)
+    }
+}
+
+impl fmt::Display for IoMax {
+    /// The kernel's own form: every key, `max` where unlimited.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.entries().into_iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            match v {
+                Some(n) => write!(f, "{k}={n}")?,
+                None => write!(f, "{k}=max")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_syntax_and_human_units() {
+        let l = IoMax::parse("rbps=125MiB/s wbps=max riops=3000 wiops=3k").unwrap();
+        assert_eq!(l, IoMax { rbps: Some(125 << 20), wbps: None, riops: Some(3000), wiops: Some(3000) });
+        assert_eq!(l.to_string(), "rbps=131072000 wbps=max riops=3000 wiops=3000");
+        assert_eq!(IoMax::parse(&l.to_string()).unwrap(), l);
+        assert_eq!(IoMax::parse("wbps=64M,rbps=1048576").unwrap().rbps, Some(1 << 20));
+        assert_eq!(IoMax::parse("wbps=64M").unwrap().wbps, Some(64_000_000));
+        assert!(IoMax::parse("").unwrap().is_unlimited());
+    }
+
+    #[test]
+    fn bad_input_names_the_key() {
+        for (line, key, words) in [
+            ("wbps=-1", "wbps", "negative"),
+            ("rbps=12XB", "rbps", "unknown size unit"),
+            ("rbps=64M wxps=1", "wxps", "unknown key"),
+            ("riops=0", "riops", "below 1"),
+            ("wiops=ten", "wiops", "not a count"),
+            ("wbps=1M wbps=2M", "wbps", "twice"),
+            ("rbps", "rbps", "not key=value"),
+        ] {
+            let e = IoMax::parse(line).unwrap_err();
+            assert_eq!(e.key, key, "{line}: {e}");
+            assert!(e.to_string().starts_with(&format!("{key}: ")), "{line}: {e}");
+            assert!(e.message.contains(words), "{line}: {e}");
+        }
+    }
+}
