@@ -52,7 +52,7 @@ Examples:
 const DEFAULT_RECORDCOUNT: u64 = 400_000;
 
 /// The default load profile: SILK's shape, peaks of 5,000 ops/s.
-const DEFAULT_PROFILE: &str = "silk:low=1000,peak=5000,valley=1000,low-for=10s,period=20s";
+const DEFAULT_PROFILE: &str = "paper";
 
 #[derive(Parser)]
 #[command(name = "bench-ycsb", about = "YCSB workloads, open loop, side by side: RocksDB vs RocksDB with SILK through a kv-stage stage", after_help = EXAMPLES)]
@@ -110,7 +110,8 @@ struct SystemArgs {
     #[arg(long, default_value_t = 4)]
     threads: usize,
     /// Load profile: constant:RATE, silk:low=..,peak=..[,valley=..,low-for=..,period=..], file:PATH,
-    /// or a named one (see --help of `profile` names: paper, long-peaks).
+    /// or a name: paper (silk:low=1000,peak=5000,valley=1000,low-for=10s,period=20s),
+    /// light (constant:1000), write-peaks (as paper with peaks of 10000).
     #[arg(long, default_value = DEFAULT_PROFILE)]
     profile: String,
     /// The device: emulated:RATE (rocks-env's FIFO device, reads and writes

@@ -5,7 +5,8 @@
 //!   shape: a low phase, then alternating peaks and valleys of half a period
 //!   each (defaults: low-for 10s, period 20s, valley = low);
 //! * `file:PATH`: a schedule file of `seconds rate` lines (rates hold until
-//!   the next line's time; `#` comments).
+//!   the next line's time; `#` comments);
+//! * a name from [`NAMED`]: `paper` (the default), `light`, `write-peaks`.
 
 use std::time::Duration;
 
@@ -60,9 +61,28 @@ fn secs(spec: &str, v: &str) -> Result<f64> {
         .and_then(|s| if s > 0.0 { Ok(s) } else { Err(bad(spec, format!("'{v}' must be longer than zero"))) })
 }
 
+/// Named profiles: `(name, spec, what it is for)`.
+pub const NAMED: &[(&str, &str, &str)] = &[
+    (
+        "paper",
+        "silk:low=1000,peak=5000,valley=1000,low-for=10s,period=20s",
+        "the default: SILK's shape, 10 s peaks of 5,000 ops/s",
+    ),
+    ("light", "constant:1000", "a light constant load with no compaction storm (use with --settle)"),
+    (
+        "write-peaks",
+        "silk:low=1000,peak=10000,valley=1000,low-for=10s,period=20s",
+        "peaks of 10,000 ops/s: with write-heavy, flushes and L0->L1 compactions need more than fixed thirds of KVS_B",
+    ),
+];
+
 impl Profile {
-    /// Parses a profile spec (see the module documentation).
+    /// Parses a profile spec (see the module documentation), or one of the
+    /// [`NAMED`] profiles.
     pub fn parse(spec: &str) -> Result<Profile> {
+        if let Some((_, named, _)) = NAMED.iter().find(|(n, _, _)| *n == spec.trim()) {
+            return Profile::parse(named);
+        }
         let (kind, args) = spec.split_once(':').unwrap_or((spec, ""));
         match kind {
             "constant" => Ok(Profile::Constant { rate: rate(spec, args)? }),
@@ -94,7 +114,13 @@ impl Profile {
                     std::fs::read_to_string(args).map_err(|e| bad(spec, format!("cannot read '{args}': {e}")))?;
                 Self::parse_schedule(spec, &text)
             }
-            _ => Err(bad(spec, "expected constant:RATE, silk:low=..,peak=.., or file:PATH")),
+            _ => Err(bad(
+                spec,
+                format!(
+                    "expected constant:RATE, silk:low=..,peak=.., file:PATH, or a named profile ({})",
+                    NAMED.iter().map(|n| n.0).collect::<Vec<_>>().join(", ")
+                ),
+            )),
         }
     }
 
@@ -248,7 +274,11 @@ mod tests {
         assert_eq!(p.rate_at(9.5), 1000.0);
         assert!(Profile::parse("silk:peak=5").unwrap_err().to_string().contains("low"));
         assert!(Profile::parse("constant:-3").is_err());
-        assert!(Profile::parse("sine:3").is_err());
+        assert!(Profile::parse("sine:3").unwrap_err().to_string().contains("write-peaks"));
+        assert_eq!(Profile::parse("light").unwrap(), Profile::Constant { rate: 1000.0 });
+        for (name, spec, _) in NAMED {
+            assert_eq!(Profile::parse(name).unwrap(), Profile::parse(spec).unwrap());
+        }
         let s = Profile::parse_schedule("s", "0 10\n# x\n5 20\n").unwrap();
         assert_eq!((s.rate_at(4.9), s.rate_at(5.0)), (10.0, 20.0));
         assert!(Profile::parse_schedule("s", "5 1\n2 1\n").unwrap_err().to_string().contains("line 2"));

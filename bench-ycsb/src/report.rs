@@ -593,7 +593,11 @@ pub fn svg_plot(
         let label = if t >= 10_000.0 { format!("{:.0}k", t / 1000.0) } else { format!("{t:.0}") };
         let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{label}</text>"#, ml - 6.0, y + 4.0);
     }
-    let x_step = (x_max / 10.0).ceil().max(1.0);
+    // Round steps (10 s, 20 s, ...), about ten ticks.
+    let x_step = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0]
+        .into_iter()
+        .find(|&st| st >= x_max / 10.0)
+        .unwrap_or((x_max / 10.0).ceil());
     let mut x = 0.0;
     while x <= x_max {
         let _ = writeln!(s, r#"<text x="{:.1}" y="{}" text-anchor="middle">{x:.0}</text>"#, px(x), h - mb + 18.0);

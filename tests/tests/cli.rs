@@ -306,3 +306,60 @@ fn assert_well_formed(xml: &str, what: &str) {
     assert!(rest.trim().is_empty(), "{what}: text after the root element");
     assert!(stack.is_empty(), "{what}: unclosed elements {stack:?}");
 }
+
+#[test]
+fn figures_runs_every_workload_and_start_and_writes_one_page() {
+    let out = tempfile::tempdir().unwrap();
+    let o = bench()
+        .args([
+            "figures",
+            "--workloads",
+            "mixture,write-heavy",
+            "--starts",
+            "cold,warm",
+            "--systems",
+            "rocksdb,paio-silk",
+            "--repeats",
+            "1",
+            "--recordcount",
+            "5000",
+            "--duration",
+            "3s",
+            "--profile",
+            "constant:400",
+            "--threads",
+            "2",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    // Not a terminal: progress is a line per phase, never a redrawn bar.
+    assert!(!stderr.contains('\r'), "{stderr}");
+    assert!(stderr.lines().count() < 40, "{stderr}");
+    assert!(stderr.contains("write-heavy paio-silk #1: settling"), "{stderr}");
+    let md = std::fs::read_to_string(out.path().join("figures.md")).unwrap();
+    for (workload, start) in
+        [("mixture", "cold"), ("mixture", "warm"), ("write-heavy", "cold"), ("write-heavy", "warm")]
+    {
+        assert!(md.contains(&format!("## {workload} ({start} start)")), "{md}");
+        let dir = out.path().join(format!("{workload}-{start}"));
+        for f in ["summary.json", "table.txt", "throughput.svg", "p99.svg"] {
+            assert!(dir.join(f).exists(), "{}/{f}", dir.display());
+        }
+        assert!(md.contains(&format!("({workload}-{start}/p99.svg)")), "{md}");
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(summary["start"], start);
+        for s in summary["systems"].as_array().unwrap() {
+            assert_eq!(s["settle_ms"].is_u64(), start == "warm", "{}", s["name"]);
+            assert_eq!(s["phases"][0]["phase"], "constant");
+            assert!(s["windows"].as_array().is_some_and(|w| !w.is_empty()));
+        }
+    }
+    assert!(md.contains("| paio-silk |") && md.contains("Machine:"), "{md}");
+    // The data copies and loaded bases are gone.
+    assert!(!out.path().join("data").exists());
+}
