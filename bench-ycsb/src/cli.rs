@@ -369,12 +369,22 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
     }
     drop(base);
     let mut reports = Vec::new();
-    for (kind, r, path) in runs {
+    let mut runs = runs.into_iter();
+    while let Some((kind, r, path)) = runs.next() {
         let result = run_one(b, kind, r, &path, progress);
         if !b.keep_data {
             let _ = std::fs::remove_dir_all(&path);
         }
-        let rep = result?;
+        let rep = match result {
+            Ok(rep) => rep,
+            Err(e) => {
+                // The copies made for the runs that will not happen go too.
+                for (_, _, p) in runs {
+                    let _ = std::fs::remove_dir_all(p);
+                }
+                return Err(e);
+            }
+        };
         if b.print_ycsb && !progress.quiet {
             println!("== {} (repeat {r})\n{}", kind.name(), rep.ycsb_text());
         }

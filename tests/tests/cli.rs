@@ -363,3 +363,63 @@ fn figures_runs_every_workload_and_start_and_writes_one_page() {
     // The data copies and loaded bases are gone.
     assert!(!out.path().join("data").exists());
 }
+
+/// Ctrl-C during a kernel-device run: the process exits 130, and its
+/// cgroup and data copies are gone.
+#[test]
+fn an_interrupted_kernel_device_run_removes_its_cgroup_and_data() {
+    if let Err(why) = kernel_throttle_available() {
+        eprintln!("skipped: the kernel device needs root and a cgroup I/O controller: {why}");
+        return;
+    }
+    let out = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut child = bench()
+        .args([
+            "run",
+            "--device",
+            "kernel:wbps=16MiB",
+            "--systems",
+            "paio-silk",
+            "--recordcount",
+            "20000",
+            "--duration",
+            "60s",
+            "--profile",
+            "constant:500",
+            "--threads",
+            "2",
+            "--quiet",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .command()
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while cgroups_of(pid).is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its cgroup appeared");
+        assert!(std::time::Instant::now() < deadline, "no cgroup within 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Let it get into the run, then interrupt it.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let kill = Command::new("kill").args(["-INT", &pid.to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the interrupted run did not exit");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(cgroups_of(pid).is_empty(), "cgroups left behind: {:?}", cgroups_of(pid));
+    let data = out.path().join("data");
+    let left: Vec<_> =
+        std::fs::read_dir(&data).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "data left behind: {left:?}");
+}
