@@ -358,51 +358,64 @@ impl Cgroup {
 
     /// What the kernel has charged to the cgroup on the throttled disk.
     pub fn charged(&self) -> Result<Charged> {
-        let (maj, min) = self.disk;
-        let dev = format!("{maj}:{min}");
-        let mut c = Charged::default();
-        match self.hierarchy {
-            Hierarchy::V2(_) => {
-                let p = self.dir.join("io.stat");
-                let text = fs::read_to_string(&p).map_err(Error::io(format!("reading {}", p.display())))?;
-                for l in text.lines().filter(|l| l.split_whitespace().next() == Some(dev.as_str())) {
-                    for kv in l.split_whitespace().skip(1) {
-                        let Some((k, v)) = kv.split_once('=') else { continue };
-                        let v: u64 = v.parse().unwrap_or(0);
-                        match k {
-                            "rbytes" => c.read_bytes = v,
-                            "wbytes" => c.write_bytes = v,
-                            "rios" => c.read_ios = v,
-                            "wios" => c.write_ios = v,
-                            _ => {}
-                        }
-                    }
-                }
-            }
-            Hierarchy::V1(_) => {
-                for (file, bytes) in [("blkio.throttle.io_service_bytes", true), ("blkio.throttle.io_serviced", false)]
-                {
-                    let p = self.dir.join(file);
-                    let text = fs::read_to_string(&p).map_err(Error::io(format!("reading {}", p.display())))?;
-                    for l in text.lines() {
-                        let f: Vec<&str> = l.split_whitespace().collect();
-                        if f.len() != 3 || f[0] != dev {
-                            continue;
-                        }
-                        let v: u64 = f[2].parse().unwrap_or(0);
-                        match (f[1], bytes) {
-                            ("Read", true) => c.read_bytes = v,
-                            ("Write", true) => c.write_bytes = v,
-                            ("Read", false) => c.read_ios = v,
-                            ("Write", false) => c.write_ios = v,
-                            _ => {}
-                        }
-                    }
-                }
+        let read = |file: &str| {
+            let p = self.dir.join(file);
+            fs::read_to_string(&p).map_err(Error::io(format!("reading {}", p.display())))
+        };
+        Ok(match self.hierarchy {
+            Hierarchy::V2(_) => parse_io_stat(&read("io.stat")?, self.disk),
+            Hierarchy::V1(_) => parse_v1_counters(
+                &read("blkio.throttle.io_service_bytes")?,
+                &read("blkio.throttle.io_serviced")?,
+                self.disk,
+            ),
+        })
+    }
+}
+
+/// Parses cgroup v2 `io.stat` (`MAJ:MIN rbytes=.. wbytes=.. rios=.. wios=..`)
+/// for one disk.
+fn parse_io_stat(text: &str, (maj, min): (u32, u32)) -> Charged {
+    let dev = format!("{maj}:{min}");
+    let mut c = Charged::default();
+    for l in text.lines().filter(|l| l.split_whitespace().next() == Some(dev.as_str())) {
+        for kv in l.split_whitespace().skip(1) {
+            let Some((k, v)) = kv.split_once('=') else { continue };
+            let v: u64 = v.parse().unwrap_or(0);
+            match k {
+                "rbytes" => c.read_bytes = v,
+                "wbytes" => c.write_bytes = v,
+                "rios" => c.read_ios = v,
+                "wios" => c.write_ios = v,
+                _ => {}
             }
         }
-        Ok(c)
     }
+    c
+}
+
+/// Parses cgroup v1 `blkio.throttle.io_service_bytes` and `io_serviced`
+/// (`MAJ:MIN Read N` lines) for one disk.
+fn parse_v1_counters(bytes: &str, ios: &str, (maj, min): (u32, u32)) -> Charged {
+    let dev = format!("{maj}:{min}");
+    let mut c = Charged::default();
+    for (text, is_bytes) in [(bytes, true), (ios, false)] {
+        for l in text.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() != 3 || f[0] != dev {
+                continue;
+            }
+            let v: u64 = f[2].parse().unwrap_or(0);
+            match (f[1], is_bytes) {
+                ("Read", true) => c.read_bytes = v,
+                ("Write", true) => c.write_bytes = v,
+                ("Read", false) => c.read_ios = v,
+                ("Write", false) => c.write_ios = v,
+                _ => {}
+            }
+        }
+    }
+    c
 }
 
 impl Drop for Cgroup {
@@ -434,6 +447,23 @@ mod tests {
         assert_eq!(split_dev(0x0801), (8, 1));
         // major 259 (NVMe), minor 3
         assert_eq!(split_dev((259 << 8) & 0xfff00 | 3), (259, 3));
+    }
+
+    #[test]
+    fn counters_of_both_interfaces_parse_for_the_disk_only() {
+        let v2 = "8:16 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0\n254:0 rbytes=4096 wbytes=8192 rios=1 wios=2 dbytes=0 dios=0\n";
+        assert_eq!(
+            parse_io_stat(v2, (254, 0)),
+            Charged { read_bytes: 4096, write_bytes: 8192, read_ios: 1, write_ios: 2 }
+        );
+        let bytes = "254:0 Read 1904547328\n254:0 Write 1341583360\n254:0 Sync 4394755584\n8:0 Write 5\nTotal 1\n";
+        let ios = "254:0 Read 100\n254:0 Write 200\n";
+        assert_eq!(
+            parse_v1_counters(bytes, ios, (254, 0)),
+            Charged { read_bytes: 1904547328, write_bytes: 1341583360, read_ios: 100, write_ios: 200 }
+        );
+        let c = Charged { read_bytes: 10, write_bytes: 20, read_ios: 1, write_ios: 2 };
+        assert_eq!(c.since(&Charged { read_bytes: 4, write_bytes: 25, read_ios: 1, write_ios: 0 }).write_bytes, 0);
     }
 
     #[test]
