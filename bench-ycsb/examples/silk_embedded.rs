@@ -25,6 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kvs_bandwidth: "48MiB/s".parse()?,
         min_bandwidth: "2MiB/s".parse()?,
         hysteresis: Rate::bytes_per_sec(1.0 * 1048576.0)?,
+        pressure: None,
     });
     config.log = std::env::args().nth(1).map(Into::into);
     let silk = Controller::builder(config).instance("db", stage.clone()).start()?;

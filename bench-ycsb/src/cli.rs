@@ -422,38 +422,24 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
     let decisions = b.out.join(format!("decisions-{}-{r}.jsonl", kind.name()));
     let _ = std::fs::remove_file(&decisions);
     let sys = systems::open(kind, path, &b.cfg, Some(&decisions))?;
-    let settle_ms = if b.warm {
-        progress.line(&format!("{label}: settling (waiting for RocksDB's pending compactions)"));
-        match runner::settle(sys.db.db(), b.settle_timeout) {
-            Some(d) => Some(d.as_millis() as u64),
-            None => {
-                eprintln!(
-                    "warning: {label}: RocksDB still had compaction work after {}s; starting anyway",
-                    b.settle_timeout.as_secs()
-                );
-                Some(b.settle_timeout.as_millis() as u64)
-            }
+    // SILK with pressure reads RocksDB's pressure from a sampler thread
+    // (every 10 ms, as often as the controller decides).
+    let stop_sampler = std::sync::atomic::AtomicBool::new(false);
+    let measured = std::thread::scope(|scope| -> Result<_> {
+        if sys.pressure.is_some() {
+            let (sys, stop, db) = (&sys, &stop_sampler, &b.cfg.db);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sys.sample_pressure(db);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            });
         }
-    } else {
-        None
-    };
-    let charged0 = cgroup.as_ref().map(|c| c.charged()).transpose()?;
-    let seen0 = sys.seen_bytes();
-    let stall0 = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros);
-    let bar = progress.bar(&label, b.params.duration);
-    if bar.is_none() {
-        progress.line(&format!("{label}: running {}s", b.params.duration.as_secs()));
-    }
-    let secs = b.params.duration.as_secs_f64();
-    let tick = |f: f64| {
-        if let Some(bar) = &bar {
-            bar.set_position((f * secs).round() as u64);
-        }
-    };
-    let result = runner::run(sys.db.db(), b.w, &b.params, &tick);
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+        let measured = settle_and_run(b, &sys, cgroup.as_ref(), &label, progress);
+        stop_sampler.store(true, std::sync::atomic::Ordering::Relaxed);
+        measured
+    })?;
+    let (settle_ms, charged0, seen0, stall0, result) = measured;
     let charged = cgroup.as_ref().map(|c| c.charged()).transpose()?;
     let seen = sys.seen_bytes();
     let mut rep = SystemReport::new(kind.name(), r, &result, &b.profile);
@@ -495,6 +481,55 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         rep.stall_us as f64 / 1e6
     ));
     Ok(rep)
+}
+
+/// What [`settle_and_run`] measured: settle time, the cgroup's and the
+/// system's byte counters and the stall counter at the start of the
+/// clock, and the run.
+type Measured = (Option<u64>, Option<kernel::Charged>, systems::SeenBytes, u64, runner::RunResult);
+
+/// Settles (warm start), takes the counters at the start of the clock,
+/// then runs the clients.
+fn settle_and_run(
+    b: &Bench<'_>,
+    sys: &systems::RunningSystem,
+    cgroup: Option<&kernel::Cgroup>,
+    label: &str,
+    progress: &Progress,
+) -> Result<Measured> {
+    let settle_ms = if b.warm {
+        progress.line(&format!("{label}: settling (waiting for RocksDB's pending compactions)"));
+        match runner::settle(sys.db.db(), b.settle_timeout) {
+            Some(d) => Some(d.as_millis() as u64),
+            None => {
+                eprintln!(
+                    "warning: {label}: RocksDB still had compaction work after {}s; starting anyway",
+                    b.settle_timeout.as_secs()
+                );
+                Some(b.settle_timeout.as_millis() as u64)
+            }
+        }
+    } else {
+        None
+    };
+    let charged0 = cgroup.map(|c| c.charged()).transpose()?;
+    let seen0 = sys.seen_bytes();
+    let stall0 = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros);
+    let bar = progress.bar(label, b.params.duration);
+    if bar.is_none() {
+        progress.line(&format!("{label}: running {}s", b.params.duration.as_secs()));
+    }
+    let secs = b.params.duration.as_secs_f64();
+    let tick = |f: f64| {
+        if let Some(bar) = &bar {
+            bar.set_position((f * secs).round() as u64);
+        }
+    };
+    let result = runner::run(sys.db.db(), b.w, &b.params, &tick);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok((settle_ms, charged0, seen0, stall0, result))
 }
 
 fn params(sys: &SystemArgs, duration: Duration, profile: &Profile, seed: u64) -> RunParams {

@@ -15,6 +15,10 @@
 //!   compaction writes, at most `KVS_B`;
 //! * `paio-silk`: the paper's RocksDB layout and the SILK controller
 //!   (`KVS_B`, `min_B`);
+//! * `paio-silk-pressure`: SILK with RocksDB's compaction pressure as an
+//!   extra input ([`controller::PressureConfig`]): the background budget
+//!   slides from `KVS_B / 3` with no backlog up to SILK's `left_B` as L0
+//!   files, waiting memtables or pending compaction bytes pile up;
 //! * `paio-static`: the same layout with static DRLs: flushes, L0 and LN
 //!   compactions each get a third of `KVS_B`.
 
@@ -22,9 +26,10 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use controller::{Controller, ControllerConfig, SilkConfig};
+use controller::{Controller, ControllerConfig, Pressure, PressureConfig, SilkConfig, StageHandle};
 use kv_stage::iomax::IoMax;
 use kv_stage::{Bandwidth, ObjectConfig, Rate, Stage};
 use rocks_env::{Device, RocksLayout, StagedDb};
@@ -44,12 +49,19 @@ pub enum SystemKind {
     PaioSilk,
     /// RocksDB through the stage with static limits.
     PaioStatic,
+    /// SILK with compaction pressure as an extra input.
+    PaioSilkPressure,
 }
 
 impl SystemKind {
     /// All systems, in report order.
-    pub const ALL: [SystemKind; 4] =
-        [SystemKind::RocksDb, SystemKind::RocksDbAutotuned, SystemKind::PaioSilk, SystemKind::PaioStatic];
+    pub const ALL: [SystemKind; 5] = [
+        SystemKind::RocksDb,
+        SystemKind::RocksDbAutotuned,
+        SystemKind::PaioSilk,
+        SystemKind::PaioStatic,
+        SystemKind::PaioSilkPressure,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -58,6 +70,7 @@ impl SystemKind {
             SystemKind::RocksDbAutotuned => "rocksdb-autotuned",
             SystemKind::PaioSilk => "paio-silk",
             SystemKind::PaioStatic => "paio-static",
+            SystemKind::PaioSilkPressure => "paio-silk-pressure",
         }
     }
 
@@ -288,6 +301,9 @@ pub struct RunningSystem {
     pub controller: Option<Controller>,
     /// The options it was opened with (for statistics).
     pub options: rocksdb::Options,
+    /// Where the pressure the controller reads comes from
+    /// (`paio-silk-pressure`): [`RunningSystem::sample_pressure`] fills it.
+    pub pressure: Option<Arc<PressureCell>>,
 }
 
 impl RunningSystem {
@@ -312,6 +328,15 @@ impl RunningSystem {
         }
     }
 
+    /// Reads RocksDB's compaction pressure into the cell the controller
+    /// reads (`paio-silk-pressure` only; a no-op otherwise). The caller
+    /// calls it every few milliseconds while the system runs.
+    pub fn sample_pressure(&self, o: &DbOptions) {
+        if let Some(cell) = &self.pressure {
+            cell.set(read_pressure(self.db.db(), o));
+        }
+    }
+
     /// Closes the DB, then stops the controller (which flushes its log).
     pub fn close(self) {
         let RunningSystem { db, controller, .. } = self;
@@ -319,6 +344,69 @@ impl RunningSystem {
             c.stop();
         }
         drop(db);
+    }
+}
+
+/// RocksDB's compaction pressure as SILK with pressure reads it: L0 files
+/// over the slowdown trigger, immutable memtables over how many may wait
+/// (`max_write_buffer_number - 1`), and pending compaction bytes over
+/// [`PENDING_REFERENCE_LEVELS`] times the L1 size.
+pub fn read_pressure(db: &DB, o: &DbOptions) -> Pressure {
+    let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0) as f64;
+    Pressure::new(
+        prop("rocksdb.num-files-at-level0") / f64::from(o.level0_slowdown_writes_trigger.max(1)),
+        prop("rocksdb.num-immutable-mem-table") / f64::from((o.max_write_buffer_number - 1).max(1)),
+        prop("rocksdb.estimate-pending-compaction-bytes")
+            / (PENDING_REFERENCE_LEVELS * o.max_bytes_for_level_base as f64).max(1.0),
+    )
+}
+
+/// Pending compaction bytes count as pressure 1 at this many L1 sizes.
+pub const PENDING_REFERENCE_LEVELS: f64 = 4.0;
+
+/// The latest pressure reading, shared between the sampler and the
+/// controller's handle (f64 bits in atomics: no lock).
+#[derive(Debug, Default)]
+pub struct PressureCell {
+    parts: [AtomicU64; 3],
+}
+
+impl PressureCell {
+    /// Stores a reading.
+    pub fn set(&self, p: Pressure) {
+        for (a, v) in self.parts.iter().zip([p.l0, p.memtables, p.pending]) {
+            a.store(v.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// The latest reading.
+    pub fn get(&self) -> Pressure {
+        let [l0, m, p] = [0, 1, 2].map(|i| f64::from_bits(self.parts[i].load(Ordering::Relaxed)));
+        Pressure::new(l0, m, p)
+    }
+}
+
+/// A stage handle that also reports the DB's pressure.
+struct PressuredStage {
+    stage: Arc<Stage>,
+    cell: Arc<PressureCell>,
+}
+
+impl StageHandle for PressuredStage {
+    fn collect(&self) -> kv_stage::Collection {
+        self.stage.collect()
+    }
+    fn stage_info(&self) -> kv_stage::StageInfo {
+        self.stage.stage_info()
+    }
+    fn apply(&self, rules: &kv_stage::RuleSet) -> kv_stage::Result<kv_stage::ApplyReport> {
+        self.stage.apply(rules)
+    }
+    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn controller::ObjectControl>> {
+        StageHandle::object(&*self.stage, channel, object)
+    }
+    fn pressure(&self) -> Option<Pressure> {
+        Some(self.cell.get())
     }
 }
 
@@ -337,12 +425,20 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
     if kind == SystemKind::RocksDb && device.is_none() {
         // On a real device, plain RocksDB is plain rust-rocksdb.
         let db = DB::open(&options, path)?;
-        return Ok(RunningSystem { kind, db: SystemDb::Plain(db), stage: None, device, controller: None, options });
+        return Ok(RunningSystem {
+            kind,
+            db: SystemDb::Plain(db),
+            stage: None,
+            device,
+            controller: None,
+            options,
+            pressure: None,
+        });
     }
     let stage = Arc::new(Stage::new(kind.name()));
     match kind {
         SystemKind::RocksDb | SystemKind::RocksDbAutotuned => {}
-        SystemKind::PaioSilk => {
+        SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
             RocksLayout::new().install(&stage)?;
         }
         SystemKind::PaioStatic => {
@@ -360,22 +456,41 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         builder = builder.device(Arc::clone(d));
     }
     let db = builder.open(path)?;
+    let pressure = Arc::new(PressureCell::default());
     let controller = match kind {
-        SystemKind::PaioSilk => {
+        SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
+            let with_pressure = kind == SystemKind::PaioSilkPressure;
             let mut c = ControllerConfig::silk(SilkConfig {
                 kvs_bandwidth: kvs,
                 min_bandwidth: cfg.min,
                 hysteresis: Rate::bytes_per_sec(cfg.min.bytes_per_sec() / 4.0)
                     .map_err(|e| Error::Usage(e.to_string()))?,
+                pressure: with_pressure
+                    .then(|| Bandwidth::new(kvs.bytes_per_sec() / 3.0).map(PressureConfig::new))
+                    .transpose()
+                    .map_err(|e| Error::Usage(e.to_string()))?,
             });
             c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
             c.log = decision_log.map(Path::to_path_buf);
+            let handle: Arc<dyn StageHandle> = if with_pressure {
+                Arc::new(PressuredStage { stage: Arc::clone(&stage), cell: Arc::clone(&pressure) })
+            } else {
+                stage.clone()
+            };
             // The file has every cycle; nothing needs them in memory.
-            Some(Controller::builder(c).instance("db", stage.clone()).max_log_records(0).start()?)
+            Some(Controller::builder(c).instance("db", handle).max_log_records(0).start()?)
         }
         _ => None,
     };
-    Ok(RunningSystem { kind, db: SystemDb::Staged(Box::new(db)), stage: Some(stage), device, controller, options })
+    Ok(RunningSystem {
+        kind,
+        db: SystemDb::Staged(Box::new(db)),
+        stage: Some(stage),
+        device,
+        controller,
+        options,
+        pressure: (kind == SystemKind::PaioSilkPressure).then_some(pressure),
+    })
 }
 
 #[cfg(test)]

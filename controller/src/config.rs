@@ -57,6 +57,61 @@ pub struct SilkConfig {
     /// Rate changes smaller than this are skipped.
     #[serde(default = "SilkConfig::default_hysteresis")]
     pub hysteresis: Rate,
+    /// SILK with pressure: the background budget slides between a calm
+    /// level and SILK's `left_B` with the store's pressure (see
+    /// [`PressureConfig`]). `None`: SILK as published.
+    #[serde(default)]
+    pub pressure: Option<PressureConfig>,
+}
+
+/// SILK with the store's pressure as an extra input.
+///
+/// SILK hands background work all the bandwidth clients leave over
+/// (`left_B = KVS_B - client rate`), whether or not the store needs it
+/// now. With pressure, the budget the branch hands out is
+///
+/// `budget = calm + (left_B - calm) * ramp(pressure)`,
+///
+/// capped at `left_B`, where `ramp` is 0 at or below `from`, 1 at or above
+/// `to`, linear between: a store with no backlog gets `calm` (no more
+/// background bursts than it needs, so clients keep headroom); one heading
+/// for a write stall gets everything SILK would give. Which flows get the
+/// budget (flushes and L0->L1 first, higher levels last) is SILK's.
+/// Without a pressure reading (a handle that does not report it) the policy
+/// is plain SILK.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PressureConfig {
+    /// The background budget with no pressure.
+    pub calm_bandwidth: Bandwidth,
+    /// Pressure at which the budget starts to grow (default 0.25).
+    #[serde(default = "PressureConfig::default_from")]
+    pub from: f64,
+    /// Pressure at which the budget is SILK's whole `left_B` (default 0.75).
+    #[serde(default = "PressureConfig::default_to")]
+    pub to: f64,
+}
+
+impl PressureConfig {
+    fn default_from() -> f64 {
+        0.25
+    }
+    fn default_to() -> f64 {
+        0.75
+    }
+
+    /// `calm` with the default ramp (0.25 to 0.75).
+    pub fn new(calm_bandwidth: Bandwidth) -> Self {
+        PressureConfig { calm_bandwidth, from: Self::default_from(), to: Self::default_to() }
+    }
+
+    /// 0 at or below `from`, 1 at or above `to`.
+    pub fn ramp(&self, pressure: f64) -> f64 {
+        if !pressure.is_finite() {
+            return if pressure > 0.0 { 1.0 } else { 0.0 };
+        }
+        ((pressure - self.from) / (self.to - self.from)).clamp(0.0, 1.0)
+    }
 }
 
 impl SilkConfig {
@@ -79,6 +134,7 @@ impl Default for SilkConfig {
             kvs_bandwidth: Self::default_kvs(),
             min_bandwidth: Self::default_min(),
             hysteresis: Self::default_hysteresis(),
+            pressure: None,
         }
     }
 }
@@ -180,6 +236,20 @@ impl ControllerConfig {
                 if h.unit() != RateUnit::Bytes || h.is_unlimited() {
                     return Err(Error::config("silk.hysteresis", "must be a finite bandwidth such as \"10MiB/s\""));
                 }
+                if let Some(p) = &self.silk.pressure {
+                    if p.calm_bandwidth > self.silk.kvs_bandwidth {
+                        return Err(Error::config(
+                            "silk.pressure.calm_bandwidth",
+                            format!("{} is above silk.kvs_bandwidth {}", p.calm_bandwidth, self.silk.kvs_bandwidth),
+                        ));
+                    }
+                    if !(p.from.is_finite() && p.to.is_finite() && p.from >= 0.0 && p.from < p.to) {
+                        return Err(Error::config(
+                            "silk.pressure",
+                            format!("needs 0 <= from < to (from {}, to {})", p.from, p.to),
+                        ));
+                    }
+                }
             }
             _ => {
                 let fs = self
@@ -249,6 +319,23 @@ mod tests {
         let d = ControllerConfig::from_toml("policy = \"silk\"\n").unwrap();
         assert_eq!(d.effective_interval(), Duration::from_millis(10));
         assert_eq!(d.silk, SilkConfig::default());
+        let p = ControllerConfig::from_toml(
+            "policy = \"silk\"\n[silk]\nkvs_bandwidth = \"60MiB/s\"\n[silk.pressure]\ncalm_bandwidth = \"20MiB/s\"\n",
+        )
+        .unwrap();
+        let pc = p.silk.pressure.unwrap();
+        assert_eq!((pc.calm_bandwidth.bytes_per_sec(), pc.from, pc.to), (20.0 * 1048576.0, 0.25, 0.75));
+        for (toml, key) in [
+            ("calm_bandwidth = \"90MiB/s\"", "silk.pressure.calm_bandwidth"),
+            ("calm_bandwidth = \"9MiB/s\"\nfrom = 0.8\nto = 0.5", "silk.pressure"),
+        ] {
+            let e = ControllerConfig::from_toml(&format!(
+                "policy = \"silk\"\n[silk]\nkvs_bandwidth = \"60MiB/s\"\n[silk.pressure]\n{toml}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 
     #[test]

@@ -15,7 +15,8 @@ use serde::Serialize;
 use crate::config::{ControllerConfig, InstanceConfig, PolicyKind};
 use crate::error::{Error, Result};
 use crate::policy::{
-    Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Silk,
+    Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError,
+    Pressure, Silk,
 };
 use crate::signals::{ProcIoRates, ProcIoSampler};
 
@@ -32,6 +33,14 @@ pub trait StageHandle: Send + Sync {
     /// A handle on one object, which the loop keeps (until the layout
     /// changes) and re-configures every cycle without a rules batch.
     fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn ObjectControl>>;
+    /// How hard the store behind the stage is pressed by background work
+    /// it has not done yet (see [`Pressure`]), when the handle knows; a
+    /// stage alone does not (it knows requests, not LSM trees), so the
+    /// default is `None`. Policies that use it (SILK with
+    /// [`crate::PressureConfig`]) fall back to plain SILK without it.
+    fn pressure(&self) -> Option<Pressure> {
+        None
+    }
 }
 
 /// Re-configuring one object of a stage (see [`StageHandle::object`]).
@@ -95,6 +104,9 @@ pub struct InstanceInputs {
     pub context_bps: Vec<(String, f64)>,
     /// Running jobs per request context that ever had one.
     pub running_jobs: Vec<(String, u64)>,
+    /// The store's pressure, when the handle reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<Pressure>,
 }
 
 /// One cycle of the control loop: what was observed, what was decided.
@@ -435,8 +447,14 @@ impl LoopState {
                     }
                     v
                 },
+                pressure: None,
             });
+            let pressure = inst.handle.pressure();
+            if let Some(last) = inputs.last_mut() {
+                last.pressure = pressure;
+            }
             views.push(InstanceView {
+                pressure,
                 key: inst.key,
                 name: inst.name.clone(),
                 info,

@@ -61,7 +61,7 @@ mod error;
 mod policy;
 mod signals;
 
-pub use config::{ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, SilkConfig};
+pub use config::{ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig};
 pub use controller::{
     AppliedSetting, Controller, ControllerBuilder, DecisionRecord, InstanceInputs, ObjectControl, RATE_FLOOR,
     StageHandle, context_rate,
@@ -69,6 +69,6 @@ pub use controller::{
 pub use error::{Error, Result};
 pub use policy::{
     Decision, FairShare, FairShareMode, FlowInput, InstanceKey, InstanceView, ObjectRef, Observation, Policy,
-    PolicyError, Setting, Silk, SilkBranch, SilkInputs, water_fill,
+    PolicyError, Pressure, Setting, Silk, SilkBranch, SilkInputs, water_fill,
 };
 pub use signals::{ProcIo, ProcIoRates};

@@ -36,6 +36,7 @@ fn silk_splits_what_is_left_between_two_dbs_flushing_at_once() {
         min_bandwidth: kv_stage::Bandwidth::new(min).unwrap(),
         // Every cycle sets every rate, so each record holds a whole decision.
         hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        pressure: None,
     });
     cfg.interval = Some(Duration::from_millis(5));
     let ctl = Controller::builder(cfg).instance("stage", stage.clone()).start().unwrap();

@@ -76,6 +76,32 @@ pub enum PolicyError {
     },
 }
 
+/// How hard a store is pressed by background work it has not done yet,
+/// as its [`crate::StageHandle`] reports it. `level` is 0 when there is
+/// nothing to do and 1 where the store starts to slow writes down (for
+/// RocksDB: L0 files at the slowdown trigger, every spare memtable full, or
+/// a write stall); it may exceed 1. The parts say where it comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Pressure {
+    /// The overall level: the largest part.
+    pub level: f64,
+    /// L0 files over the slowdown trigger.
+    pub l0: f64,
+    /// Immutable memtables over how many may wait before writes stall.
+    pub memtables: f64,
+    /// Pending compaction bytes over the reference the handle chose.
+    pub pending: f64,
+}
+
+impl Pressure {
+    /// From its parts; `level` is their maximum (NaN parts count as 0).
+    pub fn new(l0: f64, memtables: f64, pending: f64) -> Self {
+        let clean = |v: f64| if v.is_finite() { v.max(0.0) } else { 0.0 };
+        let (l0, memtables, pending) = (clean(l0), clean(memtables), clean(pending));
+        Pressure { level: l0.max(memtables).max(pending), l0, memtables, pending }
+    }
+}
+
 /// What the controller saw of one instance (a stage) in a cycle.
 #[derive(Debug, Clone)]
 pub struct InstanceView {
@@ -94,6 +120,8 @@ pub struct InstanceView {
     pub jobs_begun: HashMap<(InstanceId, RequestContext), u64>,
     /// Rates the controller set last on this instance's objects.
     pub current: Vec<(ObjectRef, f64)>,
+    /// The store's pressure this cycle, when its handle reports it.
+    pub pressure: Option<Pressure>,
 }
 
 impl InstanceView {

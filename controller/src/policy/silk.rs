@@ -9,13 +9,18 @@
 //! Objects are found from the stage's layout by the contexts their routes
 //! cover (DRLs only), not by ids. Changes smaller than the hysteresis are
 //! skipped.
+//!
+//! With [`PressureConfig`] (SILK with pressure), the budget the branch hands
+//! out is not `left_B` but `calm + (left_B - calm) * ramp(pressure)` (at most
+//! `left_B`), from the store's [`Pressure`](super::Pressure) as its handle
+//! reports it; without a reading it is `left_B`, as published.
 
 use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
 use super::{Decision, InstanceView, ObjectRef, Observation, Policy, PolicyError, Setting};
-use crate::config::SilkConfig;
+use crate::config::{PressureConfig, SilkConfig};
 
 /// Which branch of Algorithm 1 a cycle took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -42,6 +47,11 @@ pub struct SilkInputs {
     pub l0_active: bool,
     /// `left_B`.
     pub left: f64,
+    /// The store's pressure level, when the policy uses it and the handle
+    /// reported it.
+    pub pressure: Option<f64>,
+    /// What the branch hands out: `left_B`, or less with pressure.
+    pub budget: f64,
     /// The branch taken.
     pub branch: SilkBranch,
     /// `B_Fl`.
@@ -58,6 +68,7 @@ pub struct Silk {
     kvs: f64,
     min: f64,
     hysteresis: f64,
+    pressure: Option<PressureConfig>,
 }
 
 impl Silk {
@@ -68,19 +79,40 @@ impl Silk {
             kvs: config.kvs_bandwidth.bytes_per_sec(),
             min: config.min_bandwidth.bytes_per_sec(),
             hysteresis: config.hysteresis.per_sec(),
+            pressure: config.pressure.clone(),
         }
     }
 
     /// Algorithm 1 for one instance.
     pub fn compute(&self, fg: f64, flush_active: bool, l0_active: bool) -> SilkInputs {
+        self.compute_with_pressure(fg, flush_active, l0_active, None)
+    }
+
+    /// Algorithm 1 for one instance, with the store's pressure level when
+    /// known (used only when the policy was configured with pressure).
+    pub fn compute_with_pressure(
+        &self,
+        fg: f64,
+        flush_active: bool,
+        l0_active: bool,
+        pressure: Option<f64>,
+    ) -> SilkInputs {
         let left = (self.kvs - fg).max(self.min);
-        let (branch, b_flush, b_l0, b_ln) = match (flush_active, l0_active) {
-            (true, true) => (SilkBranch::FlushAndL0, left / 2.0, left / 2.0, self.min),
-            (true, false) => (SilkBranch::FlushOnly, left, self.min, self.min),
-            (false, true) => (SilkBranch::L0Only, self.min, left, self.min),
-            (false, false) => (SilkBranch::Neither, self.min, self.min, left),
+        let (pressure, budget) = match (&self.pressure, pressure) {
+            (Some(cfg), Some(p)) => {
+                let calm = cfg.calm_bandwidth.bytes_per_sec();
+                let budget = (calm + (left - calm).max(0.0) * cfg.ramp(p)).min(left).max(self.min);
+                (Some(p), budget)
+            }
+            _ => (None, left),
         };
-        SilkInputs { fg, flush_active, l0_active, left, branch, b_flush, b_l0, b_ln }
+        let (branch, b_flush, b_l0, b_ln) = match (flush_active, l0_active) {
+            (true, true) => (SilkBranch::FlushAndL0, budget / 2.0, budget / 2.0, self.min),
+            (true, false) => (SilkBranch::FlushOnly, budget, self.min, self.min),
+            (false, true) => (SilkBranch::L0Only, self.min, budget, self.min),
+            (false, false) => (SilkBranch::Neither, self.min, self.min, budget),
+        };
+        SilkInputs { fg, flush_active, l0_active, left, pressure, budget, branch, b_flush, b_l0, b_ln }
     }
 }
 
@@ -138,8 +170,13 @@ impl Policy for Silk {
                     claimants.push(d.clone());
                 }
             }
-            let s = self.compute(fg, !active_flush.is_empty(), !active_l0.is_empty());
-            let share = if claimants.is_empty() { 0.0 } else { s.left / claimants.len() as f64 };
+            let s = self.compute_with_pressure(
+                fg,
+                !active_flush.is_empty(),
+                !active_l0.is_empty(),
+                v.pressure.map(|p| p.level),
+            );
+            let share = if claimants.is_empty() { 0.0 } else { s.budget / claimants.len() as f64 };
             let mut push = |object: &ObjectRef, rate: f64| {
                 let skip = v
                     .current_rate(&object.channel, &object.object)
@@ -168,6 +205,8 @@ impl Policy for Silk {
                 "flush_active": s.flush_active,
                 "l0_active": s.l0_active,
                 "left_bps": s.left,
+                "pressure": v.pressure,
+                "budget_bps": s.budget,
                 "branch": s.branch,
                 "claimants": claimants.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "b_flush_bps": if s.flush_active { share } else { self.min },
@@ -192,6 +231,7 @@ mod tests {
             kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
             min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
             hysteresis: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+            pressure: None,
         })
     }
 
@@ -222,5 +262,33 @@ mod tests {
             assert_eq!(s.branch, c.branch, "fg {}", c.fg);
             assert_eq!((s.b_flush / MIB, s.b_l0 / MIB, s.b_ln / MIB), c.b, "fg {} {:?}", c.fg, c.branch);
         }
+    }
+
+    /// With pressure the budget slides from `calm` (no pressure) to
+    /// `left_B` (pressure at `to` or above); no reading means plain SILK.
+    #[test]
+    fn pressure_slides_the_budget_between_calm_and_left() {
+        let mut cfg = SilkConfig {
+            kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
+            min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
+            hysteresis: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+            pressure: Some(PressureConfig::new(kv_stage::Bandwidth::new(40.0 * MIB).unwrap())),
+        };
+        let s = Silk::new(&cfg);
+        // Clients use 50: left = 150; ramp 0.25 -> 0.75.
+        for (p, budget) in [(0.0, 40.0), (0.25, 40.0), (0.5, 95.0), (0.75, 150.0), (3.0, 150.0)] {
+            let x = s.compute_with_pressure(50.0 * MIB, false, false, Some(p));
+            assert_eq!(x.budget / MIB, budget, "pressure {p}");
+            assert_eq!((x.b_flush / MIB, x.b_l0 / MIB, x.b_ln / MIB), (10.0, 10.0, budget), "pressure {p}");
+            let x = s.compute_with_pressure(50.0 * MIB, true, true, Some(p));
+            assert_eq!((x.b_flush / MIB, x.b_l0 / MIB, x.b_ln / MIB), (budget / 2.0, budget / 2.0, 10.0));
+        }
+        // Never above left_B: clients use 180, left = 20 < calm.
+        assert_eq!(s.compute_with_pressure(180.0 * MIB, false, false, Some(0.0)).budget / MIB, 20.0);
+        // No reading: SILK as published.
+        assert_eq!(s.compute_with_pressure(50.0 * MIB, false, false, None).budget / MIB, 150.0);
+        // A pressure setting is ignored by plain SILK.
+        cfg.pressure = None;
+        assert_eq!(Silk::new(&cfg).compute_with_pressure(50.0 * MIB, false, false, Some(0.0)).budget / MIB, 150.0);
     }
 }
