@@ -529,6 +529,10 @@ fn settle_and_run(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    // Write out (and sync) what is left of the WAL in the page cache, from
+    // this process: on a kernel device those bytes are then charged before
+    // the counters are read, as the stage already counted them.
+    sys.db.db().flush_wal(true)?;
     Ok((settle_ms, charged0, seen0, stall0, result))
 }
 

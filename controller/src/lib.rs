@@ -6,8 +6,10 @@
 //! the decision as enforcement rules, and records the cycle in a decision
 //! log ([`DecisionRecord`], optionally appended to a JSON-lines file).
 //!
-//! Policies: [`Silk`] (SILK's scheduling for LSM stores, Paio Algorithm 1),
-//! and [`FairShare`] in three modes: max-min (Algorithm 2, work-conserving),
+//! Policies: [`Silk`] (SILK's scheduling for LSM stores, Paio Algorithm 1;
+//! with a [`PressureConfig`], SILK with the store's compaction
+//! [`Pressure`] as an extra input, which a [`StageHandle`] that knows the
+//! store reports), and [`FairShare`] in three modes: max-min (Algorithm 2, work-conserving),
 //! proportional, and static (the blkio-style baseline). A policy that fails
 //! or panics is reported in the log and the previous rates stay; the
 //! controller never sets a rate below [`RATE_FLOOR`], so it never closes a

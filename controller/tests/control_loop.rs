@@ -247,3 +247,82 @@ fn nan_and_negative_infinity_are_policy_errors_that_keep_the_rate() {
     assert!(rate(&stage).is_infinite(), "+inf sets the DRL unlimited");
     ctl.stop();
 }
+
+/// A stage handle that reports a pressure the test sets.
+struct Pressed {
+    stage: Arc<Stage>,
+    level: std::sync::Mutex<f64>,
+}
+
+impl controller::StageHandle for Pressed {
+    fn collect(&self) -> kv_stage::Collection {
+        self.stage.collect()
+    }
+    fn stage_info(&self) -> kv_stage::StageInfo {
+        self.stage.stage_info()
+    }
+    fn apply(&self, rules: &kv_stage::RuleSet) -> kv_stage::Result<kv_stage::ApplyReport> {
+        self.stage.apply(rules)
+    }
+    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn controller::ObjectControl>> {
+        controller::StageHandle::object(&*self.stage, channel, object)
+    }
+    fn pressure(&self) -> Option<controller::Pressure> {
+        Some(controller::Pressure::new(*self.level.lock().unwrap(), 0.0, 0.0))
+    }
+}
+
+/// SILK with pressure: what the handle reports reaches the policy and the
+/// decision log; an LN compaction (no flush, no L0) gets the calm budget
+/// with no pressure and all of `left_B` under pressure.
+#[test]
+fn pressure_from_the_handle_drives_silk_with_pressure() {
+    use kv_stage::{Match, RequestContext};
+    const MIB: f64 = 1048576.0;
+    let stage = Arc::new(Stage::new("kv"));
+    stage
+        .apply_rules([
+            Rule::CreateChannel {
+                channel: "ln".into(),
+                matches: Some(Match::context(RequestContext::BG_COMPACTION_LN)),
+            },
+            Rule::CreateObject {
+                channel: "ln".into(),
+                object: "drl".into(),
+                spec: ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED)),
+                matches: None,
+            },
+        ])
+        .unwrap();
+    let handle = Arc::new(Pressed { stage: stage.clone(), level: std::sync::Mutex::new(0.0) });
+    let silk = SilkConfig {
+        kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        pressure: Some(controller::PressureConfig::new(kv_stage::Bandwidth::new(20.0 * MIB).unwrap())),
+    };
+    let ln_rate = || match stage.object("ln", "drl").unwrap().spec() {
+        Some(ObjectSpec::Drl(d)) => d.rate.per_sec() / MIB,
+        other => panic!("{other:?}"),
+    };
+    let ctl = Controller::builder(ControllerConfig::silk(silk)).instance("kv", handle.clone()).start().unwrap();
+    let wait = |want: f64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while (ln_rate() - want).abs() > 1e-6 {
+            assert!(std::time::Instant::now() < deadline, "LN rate {} MiB/s, expected {want}", ln_rate());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // Idle clients: left_B is all of KVS_B (60); calm with no pressure.
+    wait(20.0);
+    *handle.level.lock().unwrap() = 2.0;
+    wait(60.0);
+    *handle.level.lock().unwrap() = 0.5;
+    wait(40.0);
+    let log = ctl.stop();
+    let last = log.last().unwrap();
+    assert_eq!(last.inputs[0].pressure.map(|p| p.level), Some(0.5));
+    let json = serde_json::to_value(last).unwrap();
+    assert_eq!(json["notes"][0]["pressure"]["l0"], 0.5, "{json}");
+    assert_eq!(json["notes"][0]["budget_bps"], 40.0 * MIB, "{json}");
+}
