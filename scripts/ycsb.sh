@@ -5,7 +5,9 @@
 # release profile (the first build compiles RocksDB's C++ code, about 15
 # minutes on 2 cores), then runs `bench-ycsb` with the arguments given, in the
 # current directory (no arguments: `bench-ycsb run`, the mixture workload,
-# about 5 minutes, results in ./ycsb-results).
+# about 5 minutes, results in ./ycsb-results). `bash scripts/ycsb.sh figures`
+# runs the paper's three workloads; `--device kernel:rbps=..,wbps=..` runs
+# on the real disk throttled by a cgroup (as root).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 source "$root/scripts/setup.sh"
