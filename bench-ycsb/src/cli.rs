@@ -135,6 +135,11 @@ struct SystemArgs {
     /// Longest wait for RocksDB to settle before a warm start.
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     settle_timeout: Duration,
+    /// CPU priority of RocksDB's background threads (flushes,
+    /// compactions), for every system: `normal`, or `low` (nice 19, through
+    /// RocksDB's own `LowerThreadPoolCPUPriority`).
+    #[arg(long, default_value = "normal", value_parser = ["normal", "low"])]
+    background_cpu: String,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
     quiet: bool,
@@ -251,7 +256,11 @@ fn cleanup_on_interrupt(path: &Path) {
 fn install_interrupt_handler() {
     kernel::install_interrupt_cleanup(|| {
         for p in INTERRUPT_CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let _ = std::fs::remove_dir_all(p);
+            let _ = std::fs::remove_dir_all(&p);
+            // The data directory too, once it is empty.
+            if let Some(parent) = p.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
         }
     });
 }
@@ -316,6 +325,17 @@ fn probe_device(sys: &SystemArgs, data: &Path) -> Result<Option<KernelDevice>> {
     }
 }
 
+/// Applies `--background-cpu` to RocksDB's process-wide thread pools
+/// (every system runs on them).
+fn set_background_cpu(sys: &SystemArgs) -> Result<()> {
+    if sys.background_cpu == "low" {
+        let mut env = rocksdb::Env::new()?;
+        env.lower_thread_pool_cpu_priority();
+        env.lower_high_priority_thread_pool_cpu_priority();
+    }
+    Ok(())
+}
+
 fn check_system_args(sys: &SystemArgs) -> Result<Vec<SystemKind>> {
     let kinds = SystemKind::parse_list(&sys.systems)?;
     if kinds.is_empty() {
@@ -336,6 +356,7 @@ fn system_config(sys: &SystemArgs) -> SystemConfig {
         kvs: sys.kvs_bandwidth,
         min: sys.min_bandwidth,
         silk_interval_ms: 10,
+        background_cpu: sys.background_cpu.clone(),
         db: DbOptions::for_device(&sys.device),
     }
 }
@@ -561,6 +582,7 @@ fn run(a: RunArgs) -> Result<BenchReport> {
     // Everything the kernel device needs is checked before the load.
     let kernel = probe_device(&a.sys, &data)?;
     install_interrupt_handler();
+    set_background_cpu(&a.sys)?;
 
     let base_path = a.base.clone().unwrap_or_else(|| data.join("base"));
     if a.base.is_none() {
@@ -633,6 +655,7 @@ fn figures(a: FiguresArgs) -> Result<()> {
     std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
     let kernel = probe_device(&a.sys, &data)?;
     install_interrupt_handler();
+    set_background_cpu(&a.sys)?;
     let started = Instant::now();
     let mut done = Vec::new();
     for w in &workloads {

@@ -249,6 +249,8 @@ pub struct SystemConfig {
     pub min: Bandwidth,
     /// SILK's interval.
     pub silk_interval_ms: u64,
+    /// CPU priority of RocksDB's background threads (`normal`, `low`).
+    pub background_cpu: String,
     /// RocksDB options.
     pub db: DbOptions,
 }
