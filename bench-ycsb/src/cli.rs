@@ -103,7 +103,7 @@ struct LoadArgs {
 /// What `run` and `figures` share.
 #[derive(Args, Clone)]
 struct SystemArgs {
-    /// Systems, comma-separated: rocksdb, rocksdb-autotuned, paio-silk, paio-static.
+    /// Systems, comma-separated: rocksdb, rocksdb-autotuned, paio-silk, paio-static, paio-silk-pressure.
     #[arg(long, default_value = "rocksdb,rocksdb-autotuned,paio-silk,paio-static")]
     systems: String,
     /// Client threads.
