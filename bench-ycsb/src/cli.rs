@@ -567,6 +567,19 @@ fn params(sys: &SystemArgs, duration: Duration, profile: &Profile, seed: u64) ->
     }
 }
 
+/// What `run` and `figures` do before loading: the output and data
+/// directories, every check the kernel device needs, the interrupt
+/// handler, the background CPU priority. Returns the data directory.
+fn prepare(sys: &SystemArgs, out: &Path) -> Result<(PathBuf, Option<KernelDevice>)> {
+    std::fs::create_dir_all(out).map_err(Error::io(format!("creating {}", out.display())))?;
+    let data = sys.data.clone().unwrap_or_else(|| out.join("data"));
+    std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
+    let kernel = probe_device(sys, &data)?;
+    install_interrupt_handler();
+    set_background_cpu(sys)?;
+    Ok((data, kernel))
+}
+
 fn run(a: RunArgs) -> Result<BenchReport> {
     let w = workload(&a.workload)?;
     let kinds = check_system_args(&a.sys)?;
@@ -576,13 +589,7 @@ fn run(a: RunArgs) -> Result<BenchReport> {
     let profile = Profile::parse(&a.sys.profile)?;
     let cfg = system_config(&a.sys);
     let progress = Progress::new(a.sys.quiet);
-    std::fs::create_dir_all(&a.out).map_err(Error::io(format!("creating {}", a.out.display())))?;
-    let data = a.sys.data.clone().unwrap_or_else(|| a.out.join("data"));
-    std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
-    // Everything the kernel device needs is checked before the load.
-    let kernel = probe_device(&a.sys, &data)?;
-    install_interrupt_handler();
-    set_background_cpu(&a.sys)?;
+    let (data, kernel) = prepare(&a.sys, &a.out)?;
 
     let base_path = a.base.clone().unwrap_or_else(|| data.join("base"));
     if a.base.is_none() {
@@ -650,12 +657,7 @@ fn figures(a: FiguresArgs) -> Result<()> {
     let profile = Profile::parse(&a.sys.profile)?;
     let cfg = system_config(&a.sys);
     let progress = Progress::new(a.sys.quiet);
-    std::fs::create_dir_all(&a.out).map_err(Error::io(format!("creating {}", a.out.display())))?;
-    let data = a.sys.data.clone().unwrap_or_else(|| a.out.join("data"));
-    std::fs::create_dir_all(&data).map_err(Error::io(format!("creating {}", data.display())))?;
-    let kernel = probe_device(&a.sys, &data)?;
-    install_interrupt_handler();
-    set_background_cpu(&a.sys)?;
+    let (data, kernel) = prepare(&a.sys, &a.out)?;
     let started = Instant::now();
     let mut done = Vec::new();
     for w in &workloads {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use controller::{Controller, ControllerConfig, Pressure, PressureConfig, SilkConfig, StageHandle};
+use controller::{Controller, ControllerConfig, Pressure, PressureConfig, SilkConfig, StageHandle, WithPressure};
 use kv_stage::iomax::IoMax;
 use kv_stage::{Bandwidth, ObjectConfig, Rate, Stage};
 use rocks_env::{Device, RocksLayout, StagedDb};
@@ -388,30 +388,6 @@ impl PressureCell {
     }
 }
 
-/// A stage handle that also reports the DB's pressure.
-struct PressuredStage {
-    stage: Arc<Stage>,
-    cell: Arc<PressureCell>,
-}
-
-impl StageHandle for PressuredStage {
-    fn collect(&self) -> kv_stage::Collection {
-        self.stage.collect()
-    }
-    fn stage_info(&self) -> kv_stage::StageInfo {
-        self.stage.stage_info()
-    }
-    fn apply(&self, rules: &kv_stage::RuleSet) -> kv_stage::Result<kv_stage::ApplyReport> {
-        self.stage.apply(rules)
-    }
-    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn controller::ObjectControl>> {
-        StageHandle::object(&*self.stage, channel, object)
-    }
-    fn pressure(&self) -> Option<Pressure> {
-        Some(self.cell.get())
-    }
-}
-
 /// Opens `kind` on a copy of the loaded DB at `path`. A controller, if the
 /// system has one, appends its decision log to `decision_log`.
 pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Option<&Path>) -> Result<RunningSystem> {
@@ -475,7 +451,8 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
             c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
             c.log = decision_log.map(Path::to_path_buf);
             let handle: Arc<dyn StageHandle> = if with_pressure {
-                Arc::new(PressuredStage { stage: Arc::clone(&stage), cell: Arc::clone(&pressure) })
+                let cell = Arc::clone(&pressure);
+                Arc::new(WithPressure::new(stage.clone(), move || cell.get()))
             } else {
                 stage.clone()
             };

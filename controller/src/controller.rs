@@ -75,6 +75,41 @@ impl StageHandle for Stage {
     }
 }
 
+/// A stage handle that also reports the store's pressure, read from
+/// `source` once per cycle: how an application that knows its store (a
+/// RocksDB's L0 files, memtables, pending compaction bytes) feeds SILK with
+/// pressure ([`crate::PressureConfig`]). Everything else goes to `inner`.
+pub struct WithPressure {
+    inner: Arc<dyn StageHandle>,
+    source: Box<dyn Fn() -> Pressure + Send + Sync>,
+}
+
+impl WithPressure {
+    /// `inner`, with its pressure from `source` (called on the controller's
+    /// thread every cycle: keep it cheap, e.g. a value a sampler stores).
+    pub fn new(inner: Arc<dyn StageHandle>, source: impl Fn() -> Pressure + Send + Sync + 'static) -> Self {
+        WithPressure { inner, source: Box::new(source) }
+    }
+}
+
+impl StageHandle for WithPressure {
+    fn collect(&self) -> Collection {
+        self.inner.collect()
+    }
+    fn stage_info(&self) -> StageInfo {
+        self.inner.stage_info()
+    }
+    fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
+        self.inner.apply(rules)
+    }
+    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn ObjectControl>> {
+        self.inner.object(channel, object)
+    }
+    fn pressure(&self) -> Option<Pressure> {
+        Some((self.source)())
+    }
+}
+
 /// No DRL is ever set below this (bytes/s): a policy asking for 0 or less
 /// gets this floor instead, so nothing is closed by the controller.
 pub const RATE_FLOOR: f64 = 1024.0;

@@ -66,7 +66,7 @@ mod signals;
 pub use config::{ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig};
 pub use controller::{
     AppliedSetting, Controller, ControllerBuilder, DecisionRecord, InstanceInputs, ObjectControl, RATE_FLOOR,
-    StageHandle, context_rate,
+    StageHandle, WithPressure, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{

@@ -248,30 +248,6 @@ fn nan_and_negative_infinity_are_policy_errors_that_keep_the_rate() {
     ctl.stop();
 }
 
-/// A stage handle that reports a pressure the test sets.
-struct Pressed {
-    stage: Arc<Stage>,
-    level: std::sync::Mutex<f64>,
-}
-
-impl controller::StageHandle for Pressed {
-    fn collect(&self) -> kv_stage::Collection {
-        self.stage.collect()
-    }
-    fn stage_info(&self) -> kv_stage::StageInfo {
-        self.stage.stage_info()
-    }
-    fn apply(&self, rules: &kv_stage::RuleSet) -> kv_stage::Result<kv_stage::ApplyReport> {
-        self.stage.apply(rules)
-    }
-    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn controller::ObjectControl>> {
-        controller::StageHandle::object(&*self.stage, channel, object)
-    }
-    fn pressure(&self) -> Option<controller::Pressure> {
-        Some(controller::Pressure::new(*self.level.lock().unwrap(), 0.0, 0.0))
-    }
-}
-
 /// SILK with pressure: what the handle reports reaches the policy and the
 /// decision log; an LN compaction (no flush, no L0) gets the calm budget
 /// with no pressure and all of `left_B` under pressure.
@@ -294,7 +270,11 @@ fn pressure_from_the_handle_drives_silk_with_pressure() {
             },
         ])
         .unwrap();
-    let handle = Arc::new(Pressed { stage: stage.clone(), level: std::sync::Mutex::new(0.0) });
+    let level = Arc::new(std::sync::Mutex::new(0.0));
+    let source = Arc::clone(&level);
+    let handle = Arc::new(controller::WithPressure::new(stage.clone(), move || {
+        controller::Pressure::new(*source.lock().unwrap(), 0.0, 0.0)
+    }));
     let silk = SilkConfig {
         kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
         min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
@@ -315,9 +295,9 @@ fn pressure_from_the_handle_drives_silk_with_pressure() {
     };
     // Idle clients: left_B is all of KVS_B (60); calm with no pressure.
     wait(20.0);
-    *handle.level.lock().unwrap() = 2.0;
+    *level.lock().unwrap() = 2.0;
     wait(60.0);
-    *handle.level.lock().unwrap() = 0.5;
+    *level.lock().unwrap() = 0.5;
     wait(40.0);
     let log = ctl.stop();
     let last = log.last().unwrap();

@@ -194,39 +194,49 @@ fn cgroups_of(pid: u32) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
+/// An output directory on the disk (not a tmpfs) for a kernel-device test,
+/// or `None` (with the reason printed) where the facility is missing.
+fn kernel_test_dir() -> Option<tempfile::TempDir> {
     if let Err(why) = kernel_throttle_available() {
         eprintln!("skipped: the kernel device needs root and a cgroup I/O controller: {why}");
-        return;
+        return None;
     }
-    // On the disk (not a tmpfs): the current directory's filesystem.
-    let out = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut child = bench()
-        .args([
-            "run",
+    Some(tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap())
+}
+
+/// Starts `bench-ycsb run` on a kernel device in a child process, with
+/// 2 clients, 20,000 records, quiet, its output in `out` (on the disk),
+/// and `args` (device, systems, workload, duration, profile).
+fn spawn_kernel_run(out: &std::path::Path, args: &[&str]) -> std::process::Child {
+    bench()
+        .args(["run", "--recordcount", "20000", "--threads", "2", "--quiet"])
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .command()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
+    let Some(out) = kernel_test_dir() else { return };
+    let mut child = spawn_kernel_run(
+        out.path(),
+        &[
             "--device",
             "kernel:rbps=64MiB,wbps=32MiB",
             "--systems",
             "rocksdb,paio-silk",
             "--workload",
             "write-heavy",
-            "--recordcount",
-            "20000",
             "--duration",
             "5s",
             "--profile",
             "constant:4000",
-            "--threads",
-            "2",
-            "--quiet",
-        ])
-        .arg("--out")
-        .arg(out.path())
-        .command()
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let pid = child.id();
     // While it runs, each system's cgroup appears (one at a time).
     let mut seen: Vec<String> = Vec::new();
@@ -368,33 +378,11 @@ fn figures_runs_every_workload_and_start_and_writes_one_page() {
 /// cgroup and data copies are gone.
 #[test]
 fn an_interrupted_kernel_device_run_removes_its_cgroup_and_data() {
-    if let Err(why) = kernel_throttle_available() {
-        eprintln!("skipped: the kernel device needs root and a cgroup I/O controller: {why}");
-        return;
-    }
-    let out = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut child = bench()
-        .args([
-            "run",
-            "--device",
-            "kernel:wbps=16MiB",
-            "--systems",
-            "paio-silk",
-            "--recordcount",
-            "20000",
-            "--duration",
-            "60s",
-            "--profile",
-            "constant:500",
-            "--threads",
-            "2",
-            "--quiet",
-        ])
-        .arg("--out")
-        .arg(out.path())
-        .command()
-        .spawn()
-        .unwrap();
+    let Some(out) = kernel_test_dir() else { return };
+    let mut child = spawn_kernel_run(
+        out.path(),
+        &["--device", "kernel:wbps=16MiB", "--systems", "paio-silk", "--duration", "60s", "--profile", "constant:500"],
+    );
     let pid = child.id();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while cgroups_of(pid).is_empty() {
