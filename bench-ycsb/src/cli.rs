@@ -476,8 +476,8 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
     }
     if let (Some(c1), Some(c0)) = (charged, charged0) {
         let seen = systems::SeenBytes {
-            read_bytes: seen.read_bytes - seen0.read_bytes,
-            write_bytes: seen.write_bytes - seen0.write_bytes,
+            read_bytes: seen.read_bytes.saturating_sub(seen0.read_bytes),
+            write_bytes: seen.write_bytes.saturating_sub(seen0.write_bytes),
             source: seen.source,
         };
         rep.byte_check = Some(ByteCheck::new(c1.since(&c0), seen));
