@@ -303,7 +303,6 @@ struct Bench<'a> {
     w: &'a Workload,
     kinds: Vec<SystemKind>,
     params: RunParams,
-    profile: Profile,
     cfg: SystemConfig,
     repeats: usize,
     warm: bool,
@@ -414,7 +413,7 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
     let report = BenchReport {
         workload: b.w.name.clone(),
         workload_properties: serde_json::to_value(b.w).unwrap_or_default(),
-        profile: b.profile.describe(),
+        profile: b.params.profile.describe(),
         threads: b.params.threads,
         duration_s: b.params.duration.as_secs_f64(),
         seed: b.params.seed,
@@ -463,7 +462,7 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
     let (settle_ms, charged0, seen0, stall0, result) = measured;
     let charged = cgroup.as_ref().map(|c| c.charged()).transpose()?;
     let seen = sys.seen_bytes();
-    let mut rep = SystemReport::new(kind.name(), r, &result, &b.profile);
+    let mut rep = SystemReport::new(kind.name(), r, &result, &b.params.profile);
     rep.settle_ms = settle_ms;
     rep.stall_us = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros).saturating_sub(stall0);
     let stalls = sys.options.get_histogram_data(rocksdb::statistics::Histogram::WriteStall);
@@ -603,7 +602,6 @@ fn run(a: RunArgs) -> Result<BenchReport> {
         w: &w,
         kinds,
         params: params(&a.sys, a.duration, &profile, a.workload.seed),
-        profile: profile.clone(),
         cfg,
         repeats: a.repeats,
         warm: a.settle,
@@ -673,7 +671,6 @@ fn figures(a: FiguresArgs) -> Result<()> {
                 w,
                 kinds: kinds.clone(),
                 params: params(&a.sys, a.duration, &profile, a.seed),
-                profile: profile.clone(),
                 cfg: cfg.clone(),
                 repeats: a.repeats,
                 warm,
@@ -689,14 +686,16 @@ fn figures(a: FiguresArgs) -> Result<()> {
             let report = match report {
                 Ok(r) => r,
                 Err(e) => {
-                    let _ = std::fs::remove_dir_all(&base_path);
+                    if !a.sys.keep_data {
+                        let _ = std::fs::remove_dir_all(&base_path);
+                    }
                     return Err(e);
                 }
             };
             println!("== {} ({} start)\n{}", w.name, report.start, report::table(&report));
             done.push((out, report));
             // What is done so far is readable while the rest runs.
-            let md = report::figures_md(&done, &a.out, &command_line(), started.elapsed())?;
+            let md = report::figures_md(&done, &a.out, &command_line(), started.elapsed());
             std::fs::write(a.out.join("figures.md"), md).map_err(Error::io("writing figures.md"))?;
         }
         if !a.sys.keep_data {

@@ -302,14 +302,15 @@ impl KernelDevice {
         match self.hierarchy {
             Hierarchy::V2(_) => write("io.max", format!("{maj}:{min} {}", self.limits))?,
             Hierarchy::V1(_) => {
-                for (key, file) in [
-                    ("rbps", "blkio.throttle.read_bps_device"),
-                    ("wbps", "blkio.throttle.write_bps_device"),
-                    ("riops", "blkio.throttle.read_iops_device"),
-                    ("wiops", "blkio.throttle.write_iops_device"),
-                ] {
-                    let v = self.limits.entries().into_iter().find(|e| e.0 == key).and_then(|e| e.1);
-                    if let Some(v) = v {
+                // In the order of `IoMax::entries`: rbps, wbps, riops, wiops.
+                let files = [
+                    "blkio.throttle.read_bps_device",
+                    "blkio.throttle.write_bps_device",
+                    "blkio.throttle.read_iops_device",
+                    "blkio.throttle.write_iops_device",
+                ];
+                for ((_, limit), file) in self.limits.entries().into_iter().zip(files) {
+                    if let Some(v) = limit {
                         write(file, format!("{maj}:{min} {v}"))?;
                     }
                 }

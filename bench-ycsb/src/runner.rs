@@ -31,7 +31,7 @@ use crate::workload::{Chosen, Op, OpChooser, RecordBuilder, Workload};
 
 const MAX_US: u64 = 600_000_000;
 
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_US, 3).expect("valid histogram bounds")
 }
 

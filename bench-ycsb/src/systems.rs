@@ -255,7 +255,7 @@ pub struct SystemConfig {
     pub db: DbOptions,
 }
 
-pub(crate) fn bytes_per_sec<S: serde::Serializer>(b: &Bandwidth, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn bytes_per_sec<S: serde::Serializer>(b: &Bandwidth, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_f64(b.bytes_per_sec())
 }
 
@@ -339,7 +339,7 @@ impl RunningSystem {
         }
     }
 
-    /// Closes the DB, then stops the controller (which flushes its log).
+    /// Stops the controller (which flushes its log), then closes the DB.
     pub fn close(self) {
         let RunningSystem { db, controller, .. } = self;
         if let Some(c) = controller {
@@ -434,27 +434,28 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         builder = builder.device(Arc::clone(d));
     }
     let db = builder.open(path)?;
-    let pressure = Arc::new(PressureCell::default());
+    let pressure = (kind == SystemKind::PaioSilkPressure).then(|| Arc::new(PressureCell::default()));
     let controller = match kind {
         SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
-            let with_pressure = kind == SystemKind::PaioSilkPressure;
             let mut c = ControllerConfig::silk(SilkConfig {
                 kvs_bandwidth: kvs,
                 min_bandwidth: cfg.min,
                 hysteresis: Rate::bytes_per_sec(cfg.min.bytes_per_sec() / 4.0)
                     .map_err(|e| Error::Usage(e.to_string()))?,
-                pressure: with_pressure
+                pressure: pressure
+                    .is_some()
                     .then(|| Bandwidth::new(kvs.bytes_per_sec() / 3.0).map(PressureConfig::new))
                     .transpose()
                     .map_err(|e| Error::Usage(e.to_string()))?,
             });
             c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
             c.log = decision_log.map(Path::to_path_buf);
-            let handle: Arc<dyn StageHandle> = if with_pressure {
-                let cell = Arc::clone(&pressure);
-                Arc::new(WithPressure::new(stage.clone(), move || cell.get()))
-            } else {
-                stage.clone()
+            let handle: Arc<dyn StageHandle> = match &pressure {
+                Some(cell) => {
+                    let cell = Arc::clone(cell);
+                    Arc::new(WithPressure::new(stage.clone(), move || cell.get()))
+                }
+                None => stage.clone(),
             };
             // The file has every cycle; nothing needs them in memory.
             Some(Controller::builder(c).instance("db", handle).max_log_records(0).start()?)
@@ -468,7 +469,7 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         device,
         controller,
         options,
-        pressure: (kind == SystemKind::PaioSilkPressure).then_some(pressure),
+        pressure,
     })
 }
 

@@ -469,6 +469,7 @@ impl LoopState {
                 }
                 None => (collection.rates_since(&collection), HashMap::new()),
             };
+            let pressure = inst.handle.pressure();
             inputs.push(InstanceInputs {
                 instance: inst.name.clone(),
                 context_bps: rates.contexts.iter().map(|(c, r)| (c.name().to_owned(), r.bytes_per_sec)).collect(),
@@ -482,12 +483,8 @@ impl LoopState {
                     }
                     v
                 },
-                pressure: None,
+                pressure,
             });
-            let pressure = inst.handle.pressure();
-            if let Some(last) = inputs.last_mut() {
-                last.pressure = pressure;
-            }
             views.push(InstanceView {
                 pressure,
                 key: inst.key,
