@@ -185,6 +185,140 @@ impl<'de> Deserialize<'de> for RequestType {
     }
 }
 
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $variant:ident = $n:literal => $name:literal / $rocks:literal ),+ $(,)?) => {
+        /// Why a background job runs: RocksDB's `CompactionReason`, carried
+        /// by every request of a compaction so a rule can match it
+        /// (`reason = "ttl"`). Requests of anything else carry
+        /// [`Reason::None`].
+        ///
+        /// Names are RocksDB's, in snake case (`l0_files` for
+        /// `kLevelL0FilesNum`, `manual` for `kManualCompaction`, ...);
+        /// RocksDB's own spelling (`LevelL0FilesNum`, `kManualCompaction`)
+        /// parses too.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        #[repr(u8)]
+        pub enum Reason {
+            $( $(#[$doc])* $variant = $n, )+
+        }
+
+        impl Reason {
+            /// Every reason, in discriminant order.
+            pub const ALL: [Reason; Reason::COUNT] = [$(Reason::$variant),+];
+
+            /// The snake-case name used in rules and statistics.
+            pub const fn as_str(self) -> &'static str {
+                match self { $(Reason::$variant => $name),+ }
+            }
+
+            /// RocksDB's name (`GetCompactionReasonString`), or `"None"`.
+            pub const fn rocksdb_name(self) -> &'static str {
+                match self { $(Reason::$variant => $rocks),+ }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Not a compaction, or a request no job is known for.
+    #[default]
+    None = 0 => "none" / "None",
+    /// `kUnknown`.
+    Unknown = 1 => "unknown" / "Unknown",
+    /// `kLevelL0FilesNum`: L0 has too many files.
+    L0Files = 2 => "l0_files" / "LevelL0FilesNum",
+    /// `kLevelMaxLevelSize`: a level is over its target size.
+    LevelSize = 3 => "level_size" / "LevelMaxLevelSize",
+    /// `kUniversalSizeAmplification`.
+    UniversalSizeAmplification = 4 => "universal_size_amplification" / "UniversalSizeAmplification",
+    /// `kUniversalSizeRatio`.
+    UniversalSizeRatio = 5 => "universal_size_ratio" / "UniversalSizeRatio",
+    /// `kUniversalSortedRunNum`.
+    UniversalSortedRuns = 6 => "universal_sorted_runs" / "UniversalSortedRunNum",
+    /// `kFIFOMaxSize`.
+    FifoMaxSize = 7 => "fifo_max_size" / "FIFOMaxSize",
+    /// `kFIFOReduceNumFiles`.
+    FifoReduceFiles = 8 => "fifo_reduce_files" / "FIFOReduceNumFiles",
+    /// `kFIFOTtl`.
+    FifoTtl = 9 => "fifo_ttl" / "FIFOTtl",
+    /// `kManualCompaction`: `CompactRange` or `CompactFiles`.
+    Manual = 10 => "manual" / "ManualCompaction",
+    /// `kFilesMarkedForCompaction`.
+    MarkedFiles = 11 => "marked_files" / "FilesMarkedForCompaction",
+    /// `kBottommostFiles`.
+    BottommostFiles = 12 => "bottommost_files" / "BottommostFiles",
+    /// `kTtl`: files older than the `ttl` option.
+    Ttl = 13 => "ttl" / "Ttl",
+    /// `kFlush`.
+    Flush = 14 => "flush" / "Flush",
+    /// `kExternalSstIngestion`.
+    Ingestion = 15 => "external_sst_ingestion" / "ExternalSstIngestion",
+    /// `kPeriodicCompaction`: `periodic_compaction_seconds`.
+    Periodic = 16 => "periodic" / "PeriodicCompaction",
+    /// `kChangeTemperature`.
+    ChangeTemperature = 17 => "change_temperature" / "ChangeTemperature",
+    /// `kForcedBlobGC`.
+    ForcedBlobGc = 18 => "forced_blob_gc" / "ForcedBlobGC",
+    /// `kRoundRobinTtl`.
+    RoundRobinTtl = 19 => "round_robin_ttl" / "RoundRobinTtl",
+    /// `kRefitLevel`.
+    RefitLevel = 20 => "refit_level" / "RefitLevel",
+    /// `kReadTriggered`.
+    ReadTriggered = 21 => "read_triggered" / "ReadTriggered",
+}
+
+impl Reason {
+    /// Number of reasons.
+    pub const COUNT: usize = 22;
+
+    /// Dense index in `0..COUNT`.
+    #[inline]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The reason of RocksDB's `CompactionReason` value `v` (its enum order,
+    /// checked against RocksDB's header when rocks-env builds); a value this
+    /// version does not know is [`Reason::Unknown`].
+    pub const fn from_rocksdb(v: u8) -> Reason {
+        let i = v as usize + 1;
+        if i < Self::COUNT { Self::ALL[i] } else { Reason::Unknown }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Reason {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let plain = s.strip_prefix('k').filter(|r| r.starts_with(|c: char| c.is_ascii_uppercase())).unwrap_or(s);
+        Reason::ALL
+            .into_iter()
+            .find(|r| r.as_str().eq_ignore_ascii_case(plain) || r.rocksdb_name().eq_ignore_ascii_case(plain))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+                Error::invalid(format!("unknown compaction reason '{s}' (one of: {})", names.join(", ")))
+            })
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Why a request happens: foreground client work, a flush, a compaction, or
 /// an application-defined context such as `backup` or a tenant name.
 ///
@@ -194,8 +328,28 @@ impl<'de> Deserialize<'de> for RequestType {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestContext(u16);
 
-const BUILTIN_NAMES: [&str; 6] =
-    ["foreground", "bg_flush", "bg_compaction_L0_L1", "bg_compaction_LN", "bg_compaction", "background"];
+const BUILTIN_NAMES: [&str; 16] = [
+    "foreground",
+    "bg_flush",
+    "bg_compaction_L0_L1",
+    "bg_compaction_LN",
+    "bg_compaction",
+    "background",
+    "bg_compaction_L0_L0",
+    "bg_compaction_L1_L2",
+    "bg_compaction_L2_L3",
+    "bg_compaction_L3_L4",
+    "bg_compaction_L4_L5",
+    "bg_compaction_L5_L6",
+    "bg_compaction_L6_L7",
+    "bg_compaction_L7_L8",
+    "bg_compaction_L8_L9",
+    "bg_compaction_L9_L10",
+];
+
+/// The id of `bg_compaction_L1_L2`; the pair into output level `n` has id
+/// `FIRST_PAIR_ID + n - 2`.
+const FIRST_PAIR_ID: u16 = 7;
 
 /// The state of one application context id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,25 +512,137 @@ impl RequestContext {
     pub const FOREGROUND: Self = Self(0);
     /// A memtable flush.
     pub const BG_FLUSH: Self = Self(1);
-    /// A compaction whose input starts at L0 (L0->L1 and intra-L0): the
-    /// compactions that unblock flushes.
+    /// A compaction from L0 into the base level (L1, or the first non-empty
+    /// level when RocksDB sizes levels dynamically). Also the **class** of
+    /// every compaction whose input starts at L0: it covers
+    /// [`BG_COMPACTION_L0_L0`](Self::BG_COMPACTION_L0_L0) too, so a rule on
+    /// it matches intra-L0 compactions unless a rule names those.
     pub const BG_COMPACTION_L0_L1: Self = Self(2);
-    /// A compaction whose input starts at L1 or deeper.
+    /// The **class** of every compaction whose input starts at L1 or deeper:
+    /// it covers `bg_compaction_L1_L2` ... `bg_compaction_L9_L10`, and is
+    /// itself the tag of such a compaction when its output level has no
+    /// context of its own (deeper than L10).
     pub const BG_COMPACTION_LN: Self = Self(3);
     /// A compaction whose levels are not known.
     pub const BG_COMPACTION: Self = Self(4);
     /// Other background work.
     pub const BACKGROUND: Self = Self(5);
+    /// An intra-L0 compaction (L0 files into one L0 file); a member of
+    /// [`BG_COMPACTION_L0_L1`](Self::BG_COMPACTION_L0_L1).
+    pub const BG_COMPACTION_L0_L0: Self = Self(6);
+    /// A compaction into L2; a member of [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    pub const BG_COMPACTION_L1_L2: Self = Self(7);
+    /// A compaction into L3; a member of [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    pub const BG_COMPACTION_L2_L3: Self = Self(8);
+    /// A compaction into L4; a member of [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    pub const BG_COMPACTION_L3_L4: Self = Self(9);
+    /// A compaction into L5; a member of [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    pub const BG_COMPACTION_L4_L5: Self = Self(10);
+    /// A compaction into L6 (the last level of RocksDB's default seven); a
+    /// member of [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    pub const BG_COMPACTION_L5_L6: Self = Self(11);
+
+    /// Deepest output level with a context of its own (`bg_compaction_L9_L10`).
+    pub const MAX_PAIR_LEVEL: u8 = 10;
 
     /// Built-in contexts, in id order.
-    pub const BUILTINS: [RequestContext; 6] = [
-        Self::FOREGROUND,
-        Self::BG_FLUSH,
-        Self::BG_COMPACTION_L0_L1,
-        Self::BG_COMPACTION_LN,
-        Self::BG_COMPACTION,
-        Self::BACKGROUND,
+    pub const BUILTINS: [RequestContext; 16] = [
+        Self(0),
+        Self(1),
+        Self(2),
+        Self(3),
+        Self(4),
+        Self(5),
+        Self(6),
+        Self(7),
+        Self(8),
+        Self(9),
+        Self(10),
+        Self(11),
+        Self(12),
+        Self(13),
+        Self(14),
+        Self(15),
     ];
+
+    /// The per-level compaction contexts, shallowest first: `L0_L0`,
+    /// `L0_L1`, `L1_L2`, ..., `L9_L10`.
+    pub const COMPACTION_PAIRS: [RequestContext; 11] =
+        [Self(6), Self(2), Self(7), Self(8), Self(9), Self(10), Self(11), Self(12), Self(13), Self(14), Self(15)];
+
+    /// The members of [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    const LN_MEMBERS: [RequestContext; 9] =
+        [Self(7), Self(8), Self(9), Self(10), Self(11), Self(12), Self(13), Self(14), Self(15)];
+    /// The members of [`BG_COMPACTION_L0_L1`](Self::BG_COMPACTION_L0_L1).
+    const L0_MEMBERS: [RequestContext; 1] = [Self(6)];
+
+    /// The context of a compaction, by its levels (negative: unknown):
+    /// from L0 into L0 is `L0_L0`, from L0 into any deeper level (the base
+    /// level) `L0_L1`; from L1 or deeper, the pair ending at the output level
+    /// (`L2_L3` for output level 3), or `LN` beyond
+    /// [`MAX_PAIR_LEVEL`](Self::MAX_PAIR_LEVEL) or when the output level is
+    /// not below the input's (universal compaction's sorted runs).
+    pub const fn compaction(base_input_level: i32, output_level: i32) -> Self {
+        if base_input_level < 0 || output_level < 0 {
+            Self::BG_COMPACTION
+        } else if base_input_level == 0 {
+            if output_level == 0 { Self::BG_COMPACTION_L0_L0 } else { Self::BG_COMPACTION_L0_L1 }
+        } else if output_level >= 2 && output_level <= Self::MAX_PAIR_LEVEL as i32 && output_level > base_input_level {
+            Self(FIRST_PAIR_ID + output_level as u16 - 2)
+        } else {
+            Self::BG_COMPACTION_LN
+        }
+    }
+
+    /// The levels of a per-level compaction context: `(input, output)`.
+    /// `None` for every other context, the `LN` class included.
+    pub const fn level_pair(self) -> Option<(u8, u8)> {
+        match self.0 {
+            2 => Some((0, 1)),
+            6 => Some((0, 0)),
+            7..=15 => {
+                let out = (self.0 - FIRST_PAIR_ID) as u8 + 2;
+                Some((out - 1, out))
+            }
+            _ => None,
+        }
+    }
+
+    /// True for the two classes, [`BG_COMPACTION_L0_L1`](Self::BG_COMPACTION_L0_L1)
+    /// and [`BG_COMPACTION_LN`](Self::BG_COMPACTION_LN).
+    pub const fn is_class(self) -> bool {
+        matches!(self.0, 2 | 3)
+    }
+
+    /// The contexts a class covers besides itself (empty for every other
+    /// context).
+    pub const fn members(self) -> &'static [RequestContext] {
+        match self.0 {
+            2 => &Self::L0_MEMBERS,
+            3 => &Self::LN_MEMBERS,
+            _ => &[],
+        }
+    }
+
+    /// The class a per-level context belongs to, if any.
+    pub const fn class(self) -> Option<Self> {
+        match self.0 {
+            6 => Some(Self::BG_COMPACTION_L0_L1),
+            7..=15 => Some(Self::BG_COMPACTION_LN),
+            _ => None,
+        }
+    }
+
+    /// Whether a rule or a query naming `self` covers requests tagged
+    /// `other`: the same context, or a member of the class `self` is.
+    #[inline]
+    pub const fn covers(self, other: Self) -> bool {
+        self.0 == other.0
+            || match other.class() {
+                Some(c) => c.0 == self.0,
+                None => false,
+            }
+    }
 
     /// The first id handed to an application-defined context.
     pub const FIRST_USER_ID: u16 = 16;
@@ -482,7 +748,7 @@ impl RequestContext {
 
     /// True for flushes, compactions and other background work.
     pub const fn is_background(self) -> bool {
-        matches!(self.0, 1..=5)
+        matches!(self.0, 1..=15)
     }
 
     /// The context propagated to the calling thread by [`ContextScope`], or
@@ -558,6 +824,9 @@ pub struct Context {
     pub context: RequestContext,
     /// What the request does.
     pub request_type: RequestType,
+    /// Why the background job it belongs to runs ([`Reason::None`] for
+    /// anything but a compaction).
+    pub reason: Reason,
 }
 
 impl Context {
@@ -571,6 +840,7 @@ impl Context {
             instance: InstanceId(0),
             context: RequestContext::current(),
             request_type,
+            reason: Reason::None,
         }
     }
 
@@ -583,13 +853,20 @@ impl Context {
         instance: InstanceId,
         size: u64,
     ) -> Self {
-        Context { workflow, size, instance, context, request_type }
+        Context { workflow, size, instance, context, request_type, reason: Reason::None }
     }
 
     /// Replaces the request context.
     #[inline]
     pub const fn in_context(mut self, context: RequestContext) -> Self {
         self.context = context;
+        self
+    }
+
+    /// Replaces the reason.
+    #[inline]
+    pub const fn with_reason(mut self, reason: Reason) -> Self {
+        self.reason = reason;
         self
     }
 
@@ -675,6 +952,55 @@ mod tests {
         }
         assert_eq!("BG_FLUSH".parse::<RequestContext>().unwrap(), RequestContext::BG_FLUSH);
         assert_eq!("bg_compaction_l0_l1".parse::<RequestContext>().unwrap(), RequestContext::BG_COMPACTION_L0_L1);
+    }
+
+    #[test]
+    fn compactions_are_named_by_their_levels() {
+        use RequestContext as C;
+        assert_eq!(C::compaction(0, 0), C::BG_COMPACTION_L0_L0);
+        assert_eq!(C::compaction(0, 1), C::BG_COMPACTION_L0_L1);
+        // L0 into a dynamic base level is still the L0 compaction.
+        assert_eq!(C::compaction(0, 5), C::BG_COMPACTION_L0_L1);
+        assert_eq!(C::compaction(1, 2), C::BG_COMPACTION_L1_L2);
+        assert_eq!(C::compaction(2, 3), C::BG_COMPACTION_L2_L3);
+        assert_eq!(C::compaction(5, 6), C::BG_COMPACTION_L5_L6);
+        assert_eq!(C::compaction(9, 10).name(), "bg_compaction_L9_L10");
+        assert_eq!(C::compaction(10, 11), C::BG_COMPACTION_LN);
+        assert_eq!(C::compaction(3, 3), C::BG_COMPACTION_LN);
+        assert_eq!(C::compaction(-1, 2), C::BG_COMPACTION);
+        for (i, c) in C::COMPACTION_PAIRS.into_iter().enumerate() {
+            let (a, b) = c.level_pair().unwrap();
+            assert_eq!(c.name(), format!("bg_compaction_L{a}_L{b}"));
+            assert_eq!(C::compaction(i32::from(a), i32::from(b)), c);
+            assert!(c.is_background() && c.is_builtin());
+            assert_eq!(c.name().parse::<C>().unwrap(), c);
+        }
+        assert_eq!(C::BG_COMPACTION_LN.level_pair(), None);
+        assert!(C::BG_COMPACTION_LN.covers(C::BG_COMPACTION_L4_L5));
+        assert!(C::BG_COMPACTION_L0_L1.covers(C::BG_COMPACTION_L0_L0));
+        assert!(!C::BG_COMPACTION_L0_L1.covers(C::BG_COMPACTION_L1_L2));
+        assert!(!C::BG_COMPACTION_L2_L3.covers(C::BG_COMPACTION_LN));
+        assert!(!C::BG_COMPACTION.covers(C::BG_COMPACTION_L1_L2));
+        assert_eq!(C::BG_COMPACTION_LN.members().len(), 9);
+        assert!(!C::FOREGROUND.is_background());
+    }
+
+    #[test]
+    fn reasons_parse_in_both_spellings() {
+        for r in Reason::ALL {
+            assert_eq!(r.as_str().parse::<Reason>().unwrap(), r);
+            assert_eq!(r.rocksdb_name().parse::<Reason>().unwrap(), r);
+            assert_eq!(Reason::ALL[r.index()], r);
+        }
+        assert_eq!("kManualCompaction".parse::<Reason>().unwrap(), Reason::Manual);
+        assert_eq!("TTL".parse::<Reason>().unwrap(), Reason::Ttl);
+        assert_eq!("kPeriodicCompaction".parse::<Reason>().unwrap(), Reason::Periodic);
+        assert!("soon".parse::<Reason>().unwrap_err().to_string().contains("unknown compaction reason 'soon'"));
+        assert_eq!(Reason::from_rocksdb(9), Reason::Manual);
+        assert_eq!(Reason::from_rocksdb(12), Reason::Ttl);
+        assert_eq!(Reason::from_rocksdb(0), Reason::Unknown);
+        assert_eq!(Reason::from_rocksdb(200), Reason::Unknown);
+        assert_eq!(Reason::default(), Reason::None);
     }
 
     #[test]

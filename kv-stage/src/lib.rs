@@ -71,10 +71,10 @@ mod stage;
 mod stats;
 pub mod units;
 
-pub use context::{Context, ContextScope, InstanceId, RequestContext, RequestType, WorkflowId, with_context};
+pub use context::{Context, ContextScope, InstanceId, Reason, RequestContext, RequestType, WorkflowId, with_context};
 pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Result};
 pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
-pub use matching::{FieldMatch, Match};
+pub use matching::{Classifier, FieldMatch, Match};
 pub use objects::{
     BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSettings, DrlSpec, EnforcementObject, Noop, Object,
     ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec, Settings,

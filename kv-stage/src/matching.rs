@@ -1,13 +1,21 @@
 //! Differentiation patterns: which requests a rule applies to.
 //!
-//! A [`Match`] pins any of the four classifiers (workflow, instance, request
-//! context, request type) to one value or a set of values; an unpinned
-//! classifier is a wildcard. When several rules match a request, the **most
-//! specific** wins: pinning a classifier to one value scores 2, to a set of
-//! several values 1, a wildcard 0; the highest total wins, and equal totals are
-//! decided in the order workflow, instance, context, type (the rule that pins
-//! the earlier classifier wins). Two overlapping rules that still tie are
-//! ambiguous and rejected when the rules are applied.
+//! A [`Match`] pins any of the five classifiers (workflow, instance, request
+//! context, request type, compaction reason) to one value or a set of
+//! values; an unpinned classifier is a wildcard. When several rules match a
+//! request, the **most specific** wins: pinning a classifier to one value
+//! scores 2, to a set of several values 1, a wildcard 0; the highest total
+//! wins, and equal totals are decided in the order workflow, instance,
+//! context, type, reason (the rule that pins the earlier classifier wins).
+//! Two overlapping rules that still tie are ambiguous and rejected when the
+//! rules are applied.
+//!
+//! Two request contexts are **classes** (see [`RequestContext::covers`]):
+//! `bg_compaction_L0_L1` covers `bg_compaction_L0_L0`, and
+//! `bg_compaction_LN` covers `bg_compaction_L1_L2` ... `bg_compaction_L9_L10`.
+//! A rule naming a class matches its members; it scores as one value, and
+//! between two rules that tie otherwise, the one that names a member beats
+//! the one that names its class (the member is more specific).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -16,7 +24,48 @@ use serde::de::{self, Deserializer, IntoDeserializer, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::context::{Context, InstanceId, RequestContext, RequestType, WorkflowId};
+use crate::context::{Context, InstanceId, Reason, RequestContext, RequestType, WorkflowId};
+
+/// A classifier's value type. Only request contexts have classes: a
+/// pattern value may stand for several request values.
+pub trait Classifier: Ord + Copy + 'static {
+    /// Whether the pattern value `pattern` matches the request value `self`.
+    #[inline]
+    fn within(self, pattern: Self) -> bool {
+        self == pattern
+    }
+
+    /// Whether this value, in a pattern, stands for a class.
+    #[inline]
+    fn is_class(self) -> bool {
+        false
+    }
+
+    /// The request values a class value stands for besides itself.
+    fn members(self) -> &'static [Self] {
+        &[]
+    }
+}
+
+impl Classifier for WorkflowId {}
+impl Classifier for InstanceId {}
+impl Classifier for RequestType {}
+impl Classifier for Reason {}
+
+impl Classifier for RequestContext {
+    #[inline]
+    fn within(self, pattern: Self) -> bool {
+        pattern.covers(self)
+    }
+
+    fn is_class(self) -> bool {
+        RequestContext::is_class(self)
+    }
+
+    fn members(self) -> &'static [Self] {
+        RequestContext::members(self)
+    }
+}
 
 /// One classifier's pattern: any value, or one of a sorted, non-empty set.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -28,7 +77,7 @@ pub enum FieldMatch<T> {
     OneOf(Vec<T>),
 }
 
-impl<T: Ord + Copy> FieldMatch<T> {
+impl<T: Classifier> FieldMatch<T> {
     /// Pins the classifier to one value.
     pub fn one(v: T) -> Self {
         FieldMatch::OneOf(vec![v])
@@ -47,13 +96,19 @@ impl<T: Ord + Copy> FieldMatch<T> {
         matches!(self, FieldMatch::Any)
     }
 
-    /// Whether `v` is matched.
+    /// Whether `v` is matched (directly, or as a member of a class the
+    /// pattern names).
     #[inline]
     pub fn accepts(&self, v: T) -> bool {
         match self {
             FieldMatch::Any => true,
-            FieldMatch::OneOf(vs) => vs.binary_search(&v).is_ok(),
+            FieldMatch::OneOf(vs) => vs.binary_search(&v).is_ok() || vs.iter().any(|p| v.within(*p)),
         }
+    }
+
+    /// Whether the pattern pins one value that is a class.
+    fn names_class(&self) -> bool {
+        matches!(self, FieldMatch::OneOf(v) if v.len() == 1 && v[0].is_class())
     }
 
     /// Whether a value that is *not* in `mentioned` could be matched, i.e.
@@ -78,12 +133,16 @@ impl<T: Ord + Copy> FieldMatch<T> {
         }
     }
 
-    /// Intersection of two patterns (`None` when it is empty).
+    /// Intersection of two patterns (`None` when it is empty). A class and
+    /// one of its members intersect in the member.
     pub fn intersect(&self, other: &Self) -> Option<Self> {
         match (self, other) {
             (FieldMatch::Any, x) | (x, FieldMatch::Any) => Some(x.clone()),
             (FieldMatch::OneOf(a), FieldMatch::OneOf(b)) => {
-                let v: Vec<T> = a.iter().copied().filter(|x| b.binary_search(x).is_ok()).collect();
+                let mut v: Vec<T> = a.iter().copied().filter(|x| other.accepts(*x)).collect();
+                v.extend(b.iter().copied().filter(|x| self.accepts(*x)));
+                v.sort();
+                v.dedup();
                 (!v.is_empty()).then_some(FieldMatch::OneOf(v))
             }
         }
@@ -106,10 +165,10 @@ impl<T: Serialize> Serialize for FieldMatch<T> {
     }
 }
 
-impl<'de, T: Deserialize<'de> + Ord + Copy> Deserialize<'de> for FieldMatch<T> {
+impl<'de, T: Deserialize<'de> + Classifier> Deserialize<'de> for FieldMatch<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de> + Ord + Copy> Visitor<'de> for V<T> {
+        impl<'de, T: Deserialize<'de> + Classifier> Visitor<'de> for V<T> {
             type Value = FieldMatch<T>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a value, a list of values, or \"*\"")
@@ -144,7 +203,7 @@ impl<'de, T: Deserialize<'de> + Ord + Copy> Deserialize<'de> for FieldMatch<T> {
     }
 }
 
-/// A differentiation pattern over the four classifiers. The default matches
+/// A differentiation pattern over the five classifiers. The default matches
 /// every request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -161,6 +220,9 @@ pub struct Match {
     /// Request types.
     #[serde(default, rename = "type", skip_serializing_if = "FieldMatch::is_any")]
     pub request_type: FieldMatch<RequestType>,
+    /// Compaction reasons (RocksDB's `CompactionReason`, see [`Reason`]).
+    #[serde(default, skip_serializing_if = "FieldMatch::is_any")]
+    pub reason: FieldMatch<Reason>,
 }
 
 impl Match {
@@ -192,6 +254,17 @@ impl Match {
     /// Matches one request type.
     pub fn request_type(t: RequestType) -> Self {
         Match { request_type: FieldMatch::one(t), ..Match::default() }
+    }
+
+    /// Matches one compaction reason.
+    pub fn reason(r: Reason) -> Self {
+        Match { reason: FieldMatch::one(r), ..Match::default() }
+    }
+
+    /// Also pins the compaction reason.
+    pub fn and_reason(mut self, r: Reason) -> Self {
+        self.reason = FieldMatch::one(r);
+        self
     }
 
     /// Also pins the request type.
@@ -230,22 +303,33 @@ impl Match {
             && self.instance.accepts(ctx.instance)
             && self.context.accepts(ctx.context)
             && self.request_type.accepts(ctx.request_type)
+            && self.reason.accepts(ctx.reason)
     }
 
     /// True when the pattern matches every request.
     pub fn is_any(&self) -> bool {
-        self.workflow.is_any() && self.instance.is_any() && self.context.is_any() && self.request_type.is_any()
+        self.workflow.is_any()
+            && self.instance.is_any()
+            && self.context.is_any()
+            && self.request_type.is_any()
+            && self.reason.is_any()
     }
 
-    /// Specificity: higher wins. `(score, pinned-classifier mask)` compared
-    /// lexicographically; see the module documentation.
-    pub fn specificity(&self) -> (u8, u8) {
-        let score = self.workflow.score() + self.instance.score() + self.context.score() + self.request_type.score();
-        let mask = (u8::from(!self.workflow.is_any()) << 3)
-            | (u8::from(!self.instance.is_any()) << 2)
-            | (u8::from(!self.context.is_any()) << 1)
-            | u8::from(!self.request_type.is_any());
-        (score, mask)
+    /// Specificity: higher wins. `(score, pinned-classifier mask, names a
+    /// context that is not a class)` compared lexicographically; see the
+    /// module documentation.
+    pub fn specificity(&self) -> (u8, u8, u8) {
+        let score = self.workflow.score()
+            + self.instance.score()
+            + self.context.score()
+            + self.request_type.score()
+            + self.reason.score();
+        let mask = (u8::from(!self.workflow.is_any()) << 4)
+            | (u8::from(!self.instance.is_any()) << 3)
+            | (u8::from(!self.context.is_any()) << 2)
+            | (u8::from(!self.request_type.is_any()) << 1)
+            | u8::from(!self.reason.is_any());
+        (score, mask, u8::from(!self.context.names_class()))
     }
 }
 
@@ -273,6 +357,9 @@ impl fmt::Display for Match {
         }
         if !self.request_type.is_any() {
             parts.push(format!("type={}", list(self.request_type.values())));
+        }
+        if !self.reason.is_any() {
+            parts.push(format!("reason={}", list(self.reason.values())));
         }
         write!(f, "{{{}}}", parts.join(", "))
     }
@@ -317,10 +404,36 @@ workflow = 12"#,
 
     #[test]
     fn intersect() {
-        let a = FieldMatch::set([1u8, 2, 3]);
-        let b = FieldMatch::set([2u8, 3, 4]);
-        assert_eq!(a.intersect(&b), Some(FieldMatch::set([2u8, 3])));
-        assert_eq!(a.intersect(&FieldMatch::one(9)), None);
+        let i = InstanceId;
+        let a = FieldMatch::set([i(1), i(2), i(3)]);
+        let b = FieldMatch::set([i(2), i(3), i(4)]);
+        assert_eq!(a.intersect(&b), Some(FieldMatch::set([i(2), i(3)])));
+        assert_eq!(a.intersect(&FieldMatch::one(i(9))), None);
         assert_eq!(FieldMatch::Any.intersect(&a), Some(a.clone()));
+        // A class and its member meet in the member.
+        let ln = FieldMatch::set([RequestContext::BG_COMPACTION_LN, RequestContext::BG_FLUSH]);
+        let l2 = FieldMatch::one(RequestContext::BG_COMPACTION_L2_L3);
+        assert_eq!(ln.intersect(&l2), Some(l2.clone()));
+        assert_eq!(l2.intersect(&ln), Some(l2.clone()));
+        assert_eq!(l2.intersect(&FieldMatch::one(RequestContext::BG_COMPACTION_L0_L1)), None);
+    }
+
+    #[test]
+    fn classes_match_their_members_and_lose_to_them() {
+        let ln = Match::context(RequestContext::BG_COMPACTION_LN);
+        let l2 = Match::context(RequestContext::BG_COMPACTION_L2_L3);
+        let l0 = Match::context(RequestContext::BG_COMPACTION_L0_L1);
+        let req = |c| Context::with(WorkflowId(1), RequestType::Write, c, InstanceId(0), 1);
+        assert!(ln.matches(&req(RequestContext::BG_COMPACTION_L2_L3)));
+        assert!(ln.matches(&req(RequestContext::BG_COMPACTION_LN)));
+        assert!(!ln.matches(&req(RequestContext::BG_COMPACTION_L0_L0)));
+        assert!(l0.matches(&req(RequestContext::BG_COMPACTION_L0_L0)));
+        assert!(!l2.matches(&req(RequestContext::BG_COMPACTION_L1_L2)));
+        assert!(l2.specificity() > ln.specificity());
+        // A class counts as one value against other classifiers.
+        let write = Match::request_type(RequestType::Write);
+        assert_eq!(ln.specificity().0, write.specificity().0);
+        assert!(ln.specificity() > write.specificity());
+        assert!(Match::reason(Reason::Ttl).specificity() < write.specificity());
     }
 }

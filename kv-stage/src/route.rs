@@ -8,8 +8,8 @@
 //! collapse to a single slot, so the usual table (rules on context and type
 //! only) has a few dozen cells.
 
-use crate::context::{Context, RequestContext, RequestType};
-use crate::matching::{FieldMatch, Match};
+use crate::context::{Context, Reason, RequestContext, RequestType};
+use crate::matching::{Classifier, FieldMatch, Match};
 
 const NONE: u32 = u32::MAX;
 
@@ -74,12 +74,14 @@ impl IntSlots {
 #[derive(Debug, Clone)]
 pub(crate) struct RouteTable {
     type_slots: [u8; RequestType::COUNT],
+    reason_slots: [u8; Reason::COUNT],
     ctx_slots: Box<[u16]>,
     instances: IntSlots,
     workflows: IntSlots,
-    /// Strides of the workflow, instance and context dimensions.
+    /// Strides of the workflow, instance, reason and context dimensions.
     stride_wf: usize,
     stride_inst: usize,
+    stride_reason: usize,
     stride_ctx: usize,
     /// No rule pins a workflow or an instance: skip those lookups.
     plain: bool,
@@ -102,8 +104,14 @@ pub(crate) struct RouteSpec<'a> {
     pub(crate) target: u32,
 }
 
-fn mentioned<T: Ord + Copy>(routes: &[RouteSpec<'_>], f: impl Fn(&Match) -> &FieldMatch<T>) -> Vec<T> {
-    let mut v: Vec<T> = routes.iter().flat_map(|r| f(r.pattern).values().iter().copied()).collect();
+/// The values the routes name, and the members of the classes they name
+/// (each member gets a slot of its own, so a rule on a member and one on
+/// its class both apply).
+fn mentioned<T: Classifier>(routes: &[RouteSpec<'_>], f: impl Fn(&Match) -> &FieldMatch<T>) -> Vec<T> {
+    let mut v: Vec<T> = routes
+        .iter()
+        .flat_map(|r| f(r.pattern).values().iter().flat_map(|x| std::iter::once(*x).chain(x.members().iter().copied())))
+        .collect();
     v.sort();
     v.dedup();
     v
@@ -114,7 +122,7 @@ fn rep<T: Copy>(values: &[T], slot: usize) -> Option<T> {
     if slot == 0 { None } else { Some(values[slot - 1]) }
 }
 
-fn accepts<T: Ord + Copy>(m: &FieldMatch<T>, rep: Option<T>) -> bool {
+fn accepts<T: Classifier>(m: &FieldMatch<T>, rep: Option<T>) -> bool {
     match rep {
         Some(v) => m.accepts(v),
         None => m.accepts_other(),
@@ -128,13 +136,16 @@ impl RouteTable {
         let ctxs = mentioned(routes, |m| &m.context);
         let insts = mentioned(routes, |m| &m.instance);
         let wfs = mentioned(routes, |m| &m.workflow);
+        let reasons = mentioned(routes, |m| &m.reason);
 
         let n_type = types.len() + 1;
         let n_ctx = ctxs.len() + 1;
+        let n_reason = reasons.len() + 1;
         let n_inst = insts.len() + 1;
         let n_wf = wfs.len() + 1;
         let cells = n_type
             .checked_mul(n_ctx)
+            .and_then(|x| x.checked_mul(n_reason))
             .and_then(|x| x.checked_mul(n_inst))
             .and_then(|x| x.checked_mul(n_wf))
             .unwrap_or(usize::MAX);
@@ -146,6 +157,10 @@ impl RouteTable {
         for (i, t) in types.iter().enumerate() {
             type_slots[t.index()] = i as u8 + 1;
         }
+        let mut reason_slots = [0u8; Reason::COUNT];
+        for (i, r) in reasons.iter().enumerate() {
+            reason_slots[r.index()] = i as u8 + 1;
+        }
         let ctx_len = ctxs.last().map_or(0, |c| c.index() + 1);
         let mut ctx_slots = vec![0u16; ctx_len];
         for (i, c) in ctxs.iter().enumerate() {
@@ -154,60 +169,66 @@ impl RouteTable {
         let instances = IntSlots::build(&insts.iter().map(|i| u64::from(i.0)).collect::<Vec<_>>());
         let workflows = IntSlots::build(&wfs.iter().map(|w| w.0).collect::<Vec<_>>());
 
-        let specs: Vec<(u8, u8)> = routes.iter().map(|r| r.pattern.specificity()).collect();
+        let specs: Vec<(u8, u8, u8)> = routes.iter().map(|r| r.pattern.specificity()).collect();
         let mut table = vec![NONE; cells];
         let mut idx = 0;
         for w in 0..n_wf {
             let wr = rep(&wfs, w);
             for i in 0..n_inst {
                 let ir = rep(&insts, i);
-                for c in 0..n_ctx {
-                    let cr = rep(&ctxs, c);
-                    for t in 0..n_type {
-                        let tr = rep(&types, t);
-                        let mut best: Option<usize> = None;
-                        let mut tie: Option<usize> = None;
-                        for (k, r) in routes.iter().enumerate() {
-                            let m = r.pattern;
-                            if !(accepts(&m.workflow, wr)
-                                && accepts(&m.instance, ir)
-                                && accepts(&m.context, cr)
-                                && accepts(&m.request_type, tr))
-                            {
-                                continue;
-                            }
-                            match best {
-                                None => best = Some(k),
-                                Some(b) if specs[k] > specs[b] => {
-                                    best = Some(k);
-                                    tie = None;
+                for rs in 0..n_reason {
+                    let rr = rep(&reasons, rs);
+                    for c in 0..n_ctx {
+                        let cr = rep(&ctxs, c);
+                        for t in 0..n_type {
+                            let tr = rep(&types, t);
+                            let mut best: Option<usize> = None;
+                            let mut tie: Option<usize> = None;
+                            for (k, r) in routes.iter().enumerate() {
+                                let m = r.pattern;
+                                if !(accepts(&m.workflow, wr)
+                                    && accepts(&m.instance, ir)
+                                    && accepts(&m.context, cr)
+                                    && accepts(&m.request_type, tr)
+                                    && accepts(&m.reason, rr))
+                                {
+                                    continue;
                                 }
-                                Some(b) if specs[k] == specs[b] && r.target != routes[b].target => {
-                                    tie.get_or_insert(k);
+                                match best {
+                                    None => best = Some(k),
+                                    Some(b) if specs[k] > specs[b] => {
+                                        best = Some(k);
+                                        tie = None;
+                                    }
+                                    Some(b) if specs[k] == specs[b] && r.target != routes[b].target => {
+                                        tie.get_or_insert(k);
+                                    }
+                                    Some(_) => {}
                                 }
-                                Some(_) => {}
                             }
+                            if let (Some(b), Some(k)) = (best, tie) {
+                                return Err(RouteError::Ambiguous {
+                                    first: b,
+                                    second: k,
+                                    example: describe(wr, ir, cr, tr, rr),
+                                });
+                            }
+                            table[idx] = best.map_or(NONE, |b| routes[b].target);
+                            idx += 1;
                         }
-                        if let (Some(b), Some(k)) = (best, tie) {
-                            return Err(RouteError::Ambiguous {
-                                first: b,
-                                second: k,
-                                example: describe(wr, ir, cr, tr),
-                            });
-                        }
-                        table[idx] = best.map_or(NONE, |b| routes[b].target);
-                        idx += 1;
                     }
                 }
             }
         }
         Ok(RouteTable {
             type_slots,
+            reason_slots,
             ctx_slots: ctx_slots.into_boxed_slice(),
             instances,
             workflows,
-            stride_wf: n_inst * n_ctx * n_type,
-            stride_inst: n_ctx * n_type,
+            stride_wf: n_inst * n_reason * n_ctx * n_type,
+            stride_inst: n_reason * n_ctx * n_type,
+            stride_reason: n_ctx * n_type,
             stride_ctx: n_type,
             plain: n_inst == 1 && n_wf == 1,
             cells: table.into_boxed_slice(),
@@ -219,7 +240,8 @@ impl RouteTable {
     pub(crate) fn lookup(&self, ctx: &Context) -> Option<u32> {
         let t = self.type_slots[ctx.request_type.index()] as usize;
         let c = self.ctx_slots.get(ctx.context.index()).map_or(0, |&c| c as usize);
-        let mut idx = c * self.stride_ctx + t;
+        let r = self.reason_slots[ctx.reason.index()] as usize;
+        let mut idx = c * self.stride_ctx + t + r * self.stride_reason;
         if !self.plain {
             idx += self.instances.slot(u64::from(ctx.instance.0)) * self.stride_inst
                 + self.workflows.slot(ctx.workflow.0) * self.stride_wf;
@@ -240,6 +262,7 @@ fn describe(
     i: Option<crate::context::InstanceId>,
     c: Option<RequestContext>,
     t: Option<RequestType>,
+    r: Option<Reason>,
 ) -> String {
     fn part<T: std::fmt::Display>(name: &str, v: Option<T>) -> String {
         match v {
@@ -247,7 +270,13 @@ fn describe(
             None => format!("{name}=<other>"),
         }
     }
-    format!("{{{}, {}, {}, {}}}", part("workflow", w), part("instance", i), part("context", c), part("type", t))
+    let mut s =
+        format!("{{{}, {}, {}, {}", part("workflow", w), part("instance", i), part("context", c), part("type", t));
+    if r.is_some() {
+        s.push_str(&format!(", {}", part("reason", r)));
+    }
+    s.push('}');
+    s
 }
 
 #[cfg(test)]

@@ -1,19 +1,31 @@
 //! Routing picks the most specific rule: a property test against a
-//! reference implementation (a linear scan over the rules).
+//! reference implementation (a linear scan over the rules), with context
+//! classes and their members, and compaction reasons.
 
 use kv_stage::{
-    Context, FieldMatch, InstanceId, Match, RequestContext as C, RequestType as T, Rule, Stage, WorkflowId,
+    Classifier, Context, FieldMatch, InstanceId, Match, Reason, RequestContext as C, RequestType as T, Rule, Stage,
+    WorkflowId,
 };
 use proptest::prelude::*;
 
 const WORKFLOWS: [u64; 4] = [1, 2, 3, 99];
 const INSTANCES: [u16; 3] = [0, 1, 7];
-const CONTEXTS: [C; 5] = [C::FOREGROUND, C::BG_FLUSH, C::BG_COMPACTION_L0_L1, C::BG_COMPACTION_LN, C::BACKGROUND];
+const CONTEXTS: [C; 8] = [
+    C::FOREGROUND,
+    C::BG_FLUSH,
+    C::BG_COMPACTION_L0_L1,
+    C::BG_COMPACTION_L0_L0,
+    C::BG_COMPACTION_LN,
+    C::BG_COMPACTION_L1_L2,
+    C::BG_COMPACTION_L2_L3,
+    C::BACKGROUND,
+];
 const TYPES: [T; 4] = [T::Read, T::Write, T::Sync, T::Put];
+static REASONS: [Reason; 4] = [Reason::Manual, Reason::Ttl, Reason::None, Reason::LevelSize];
 
 /// A field pattern over the first `n - 1` values of a domain (the last value
 /// is never named, so it stands for "a value no rule names").
-fn field<V: Ord + Copy + std::fmt::Debug + 'static>(domain: &'static [V]) -> impl Strategy<Value = FieldMatch<V>> {
+fn field<V: Classifier + std::fmt::Debug>(domain: &'static [V]) -> impl Strategy<Value = FieldMatch<V>> {
     let named = &domain[..domain.len() - 1];
     prop_oneof![
         2 => Just(FieldMatch::Any),
@@ -23,8 +35,15 @@ fn field<V: Ord + Copy + std::fmt::Debug + 'static>(domain: &'static [V]) -> imp
 }
 
 fn pattern() -> impl Strategy<Value = Match> {
-    (field(&WF_IDS), field(&INST_IDS), field(&CONTEXTS), field(&TYPES))
-        .prop_map(|(workflow, instance, context, request_type)| Match { workflow, instance, context, request_type })
+    (field(&WF_IDS), field(&INST_IDS), field(&CONTEXTS), field(&TYPES), field(&REASONS)).prop_map(
+        |(workflow, instance, context, request_type, reason)| Match {
+            workflow,
+            instance,
+            context,
+            request_type,
+            reason,
+        },
+    )
 }
 
 static WF_IDS: [WorkflowId; 4] =
@@ -37,7 +56,9 @@ fn all_requests() -> Vec<Context> {
         for i in INSTANCES {
             for c in CONTEXTS {
                 for t in TYPES {
-                    v.push(Context::with(WorkflowId(w), t, c, InstanceId(i), 0));
+                    for r in REASONS {
+                        v.push(Context::with(WorkflowId(w), t, c, InstanceId(i), 0).with_reason(r));
+                    }
                 }
             }
         }

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use kv_stage::paio::PaioOptions;
 use kv_stage::{
-    Context, InstanceId, ObjectSpec, RequestContext as C, RequestType as T, RuleSet, RulesFormat, Stage, WorkflowId,
+    Context, InstanceId, ObjectSpec, Reason, RequestContext as C, RequestType as T, RuleSet, RulesFormat, Stage,
+    WorkflowId,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -268,4 +269,161 @@ fn json_errors_name_the_rule_line() {
     let e = Stage::new("j").apply(&set).unwrap_err();
     assert!(e.to_string().starts_with("r.json:6"), "{e}");
     assert_eq!(e.field(), Some("object"));
+}
+
+/// The layout (routes and channels) a stage has after applying `set`, as
+/// JSON.
+fn layout_json(stage: &Stage) -> serde_json::Value {
+    let info = stage.stage_info();
+    serde_json::json!({
+        "default_channel": info.default_channel,
+        "routes": info.routes,
+        "channels": info.channels,
+    })
+}
+
+/// Every shipped Paio file builds the layout it built before the per-level
+/// contexts existed: the JSON under `tests/paio/layouts` was written by
+/// `check_rules` from the code of that time (commit 925162d).
+#[test]
+fn shipped_paio_files_keep_their_layouts() {
+    let cases: [(&str, &[&str]); 5] = [
+        ("default_both", &["default_housekeeping_rules_file", "default_enforcement_rules_file"]),
+        ("default_housekeeping_rules_file", &["default_housekeeping_rules_file"]),
+        ("posix_layer_test_housekeeping_rules", &["posix_layer_test_housekeeping_rules"]),
+        ("rocksdb_housekeeping_rules", &["rocksdb_housekeeping_rules"]),
+        ("tensorflow_housekeeping_rules", &["tensorflow_housekeeping_rules"]),
+    ];
+    for (golden, files) in cases {
+        for mode in ["context", "workflow"] {
+            let opts = PaioOptions { channel_classifiers: mode.parse().unwrap() };
+            let files: Vec<PathBuf> = files.iter().map(|f| fixture(f)).collect();
+            let stage = Stage::new("golden");
+            stage.apply(&load(&files, &opts)).unwrap();
+            let path = fixture("layouts").join(format!("{golden}.{mode}.json"));
+            let want: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            assert_eq!(layout_json(&stage), want, "{golden} ({mode}) changed its layout");
+        }
+    }
+}
+
+/// Paio's detailed names each get their context: an L2->L3 object next to
+/// an LN object in one channel loads (it was refused as "same
+/// differentiation" when every deep compaction was LN), and the LN object
+/// gets the compactions no other object names.
+#[test]
+fn paio_detailed_names_are_distinct_contexts() {
+    let text = "1 create_channel 400 lsm_kvs_detailed 400 no_op bg_compaction\n\
+                2 create_object 400 1 lsm_kvs_detailed bg_compaction bg_compaction_LN drl 5000 8000000\n\
+                3 create_object 400 2 lsm_kvs_detailed bg_compaction bg_compaction_L2_L3 drl 5000 4000000\n\
+                4 create_object 400 3 lsm_kvs_detailed bg_compaction bg_compaction_L0_L0 drl 5000 2000000\n\
+                5 create_object 400 4 lsm_kvs_detailed bg_compaction bg_compaction_L0_L1 drl 5000 1000000\n\
+                6 create_object 400 5 lsm_kvs_detailed bg_compaction bg_compaction_L1_L2 drl 5000 500000\n";
+    let set = RuleSet::parse(text, RulesFormat::Paio, Some("detailed".into()), &PaioOptions::default()).unwrap();
+    let stage = Stage::new("detailed");
+    stage.apply(&set).unwrap();
+    let req = |c: C| Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 4096);
+    let object = |c: C| stage.select(&req(c)).1.map(|o| o.to_string());
+    assert_eq!(object(C::BG_COMPACTION_L2_L3).as_deref(), Some("400/2"));
+    assert_eq!(object(C::BG_COMPACTION_L1_L2).as_deref(), Some("400/5"));
+    assert_eq!(object(C::BG_COMPACTION_L0_L0).as_deref(), Some("400/3"));
+    assert_eq!(object(C::BG_COMPACTION_L0_L1).as_deref(), Some("400/4"));
+    for deep in [C::BG_COMPACTION_L3_L4, C::BG_COMPACTION_L5_L6, C::compaction(8, 9), C::BG_COMPACTION_LN] {
+        assert_eq!(object(deep).as_deref(), Some("400/1"), "{deep}");
+    }
+    assert_eq!(drl_rate(&stage, "400", "2"), 4e6);
+    // The layout shows the per-level contexts by name.
+    let info = stage.stage_info();
+    let cov = |c: C| info.objects_for_context(c);
+    assert_eq!(cov(C::BG_COMPACTION_L2_L3), [("400".to_owned(), "2".to_owned())]);
+    // A class reaches the objects of all its members.
+    assert_eq!(cov(C::BG_COMPACTION_LN).len(), 3, "{:?}", cov(C::BG_COMPACTION_LN));
+    assert_eq!(cov(C::BG_COMPACTION_L0_L1).len(), 2, "{:?}", cov(C::BG_COMPACTION_L0_L1));
+}
+
+/// Paio's simple names are the two classes: high priority is L0->L0 and
+/// L0->L1, low priority every compaction from L1 down.
+#[test]
+fn paio_simple_priorities_cover_the_level_pairs() {
+    let set = load(&[fixture("rocksdb_housekeeping_rules")], &workflow_mode());
+    let stage = Stage::new("rocksdb");
+    stage.apply(&set).unwrap();
+    let at = |c: C| {
+        let ctx = Context::with(WorkflowId(3002), T::Write, c, InstanceId(0), 4096);
+        stage.select(&ctx).1.map(|o| o.to_string())
+    };
+    for c in [C::BG_COMPACTION_L0_L0, C::BG_COMPACTION_L0_L1] {
+        assert_eq!(at(c).as_deref(), Some("3002/1"), "{c}");
+    }
+    for c in [C::BG_COMPACTION_L1_L2, C::BG_COMPACTION_L2_L3, C::compaction(9, 10), C::BG_COMPACTION_LN] {
+        assert_eq!(at(c).as_deref(), Some("3002/2"), "{c}");
+    }
+}
+
+/// TOML rules: a class, a member and a reason; the most specific wins.
+#[test]
+fn toml_rules_match_level_pairs_and_reasons() {
+    let text = r#"
+[[rules]]
+op = "create_channel"
+channel = "compaction"
+match = { context = ["bg_compaction_L0_L1", "bg_compaction_LN", "bg_compaction"] }
+
+[[rules]]
+op = "create_object"
+channel = "compaction"
+object = "ln"
+spec = { kind = "drl", rate = "40MiB/s" }
+match = { context = "bg_compaction_LN" }
+
+[[rules]]
+op = "create_object"
+channel = "compaction"
+object = "l2_l3"
+spec = { kind = "drl", rate = "5MB/s" }
+match = { context = "bg_compaction_L2_L3" }
+
+[[rules]]
+op = "create_object"
+channel = "compaction"
+object = "ttl"
+spec = { kind = "drl", rate = "1MB/s" }
+match = { reason = ["ttl", "periodic"] }
+
+[[rules]]
+op = "create_object"
+channel = "compaction"
+object = "manual_deep"
+spec = { kind = "drl", rate = "2MB/s" }
+match = { context = "bg_compaction_LN", reason = "kManualCompaction" }
+"#;
+    let set = RuleSet::parse(text, RulesFormat::Toml, Some("levels.toml".into()), &PaioOptions::default()).unwrap();
+    let stage = Stage::new("levels");
+    stage.apply(&set).unwrap();
+    let at = |c: C, r: Reason| {
+        let ctx = Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 4096).with_reason(r);
+        stage.select(&ctx).1.map(|o| o.to_string())
+    };
+    assert_eq!(at(C::BG_COMPACTION_L1_L2, Reason::LevelSize).as_deref(), Some("compaction/ln"));
+    assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::LevelSize).as_deref(), Some("compaction/l2_l3"));
+    // Context and reason pinned (score 4) beat the member alone (score 2).
+    assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::Manual).as_deref(), Some("compaction/manual_deep"));
+    assert_eq!(at(C::BG_COMPACTION_L4_L5, Reason::Manual).as_deref(), Some("compaction/manual_deep"));
+    // One context (score 2) beats a set of reasons (score 1).
+    assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::Ttl).as_deref(), Some("compaction/l2_l3"));
+    // L0 compactions: no context object; the reason rule catches TTL ones.
+    assert_eq!(at(C::BG_COMPACTION_L0_L1, Reason::Ttl).as_deref(), Some("compaction/ttl"));
+    assert_eq!(at(C::BG_COMPACTION_L0_L0, Reason::Periodic).as_deref(), Some("compaction/ttl"));
+    assert_eq!(at(C::BG_COMPACTION_L0_L1, Reason::L0Files), None);
+    // The route of a reason shows in the layout.
+    let info = stage.stage_info();
+    let routes = serde_json::to_string(&info.channels).unwrap();
+    assert!(routes.contains(r#""reason":["ttl","periodic"]"#), "{routes}");
+    assert!(routes.contains(r#""reason":"manual""#), "{routes}");
+
+    // A reason that does not exist is refused with its name and the line.
+    let bad = text.replace("kManualCompaction", "by_hand");
+    let e = RuleSet::parse(&bad, RulesFormat::Toml, Some("levels.toml".into()), &PaioOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("unknown compaction reason 'by_hand'"), "{e}");
+    assert!(e.to_string().starts_with("levels.toml:28"), "the line of the rule: {e}");
 }

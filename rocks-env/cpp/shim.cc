@@ -17,6 +17,33 @@
 #include "rocksdb/options.h"
 #include "shim_internal.h"
 
+// The compaction reason travels as RocksDB's CompactionReason number;
+// kv_stage::Reason::from_rocksdb maps it by this order (Reason = number + 1).
+// A RocksDB that reorders or extends the enum fails to build here.
+using CR = rocksdb::CompactionReason;
+static_assert(static_cast<int>(CR::kUnknown) == 0);
+static_assert(static_cast<int>(CR::kLevelL0FilesNum) == 1);
+static_assert(static_cast<int>(CR::kLevelMaxLevelSize) == 2);
+static_assert(static_cast<int>(CR::kUniversalSizeAmplification) == 3);
+static_assert(static_cast<int>(CR::kUniversalSizeRatio) == 4);
+static_assert(static_cast<int>(CR::kUniversalSortedRunNum) == 5);
+static_assert(static_cast<int>(CR::kFIFOMaxSize) == 6);
+static_assert(static_cast<int>(CR::kFIFOReduceNumFiles) == 7);
+static_assert(static_cast<int>(CR::kFIFOTtl) == 8);
+static_assert(static_cast<int>(CR::kManualCompaction) == 9);
+static_assert(static_cast<int>(CR::kFilesMarkedForCompaction) == 10);
+static_assert(static_cast<int>(CR::kBottommostFiles) == 11);
+static_assert(static_cast<int>(CR::kTtl) == 12);
+static_assert(static_cast<int>(CR::kFlush) == 13);
+static_assert(static_cast<int>(CR::kExternalSstIngestion) == 14);
+static_assert(static_cast<int>(CR::kPeriodicCompaction) == 15);
+static_assert(static_cast<int>(CR::kChangeTemperature) == 16);
+static_assert(static_cast<int>(CR::kForcedBlobGC) == 17);
+static_assert(static_cast<int>(CR::kRoundRobinTtl) == 18);
+static_assert(static_cast<int>(CR::kRefitLevel) == 19);
+static_assert(static_cast<int>(CR::kReadTriggered) == 20);
+static_assert(static_cast<int>(CR::kNumOfReasons) == 21);
+
 // Private layouts repeated from RocksDB's db/c.cc (11.8.1). The C API hands
 // out pointers to these; building our own Env and reaching an Options' C++
 // object needs them. `rocks_env_probe_*` and the layout test in

@@ -12,7 +12,7 @@ use crate::device::{Device, DeviceStats};
 use crate::env::{add_listener, staged_env};
 use crate::error::Result;
 use crate::fault::FaultInjection;
-use crate::io::{BackgroundErrors, DbIo, IoStats, JobStats};
+use crate::io::{BackgroundErrors, CompactionLevelStats, DbIo, IoStats, JobStats};
 use crate::layout::RocksLayout;
 
 /// Builds a [`StagedDb`].
@@ -197,6 +197,14 @@ impl StagedDb {
     /// Flushes and compactions as the event listener reported them.
     pub fn jobs(&self) -> JobStats {
         self.io.job_stats()
+    }
+
+    /// Compactions per level pair (`bg_compaction_L0_L0`,
+    /// `bg_compaction_L0_L1`, `bg_compaction_L1_L2`, ...): RocksDB's job
+    /// statistics next to the bytes rocks-env tagged with each context.
+    /// Only contexts that had a job or a byte are listed.
+    pub fn compaction_levels(&self) -> Vec<CompactionLevelStats> {
+        self.io.compaction_levels()
     }
 
     /// The emulated device's statistics, when there is one.

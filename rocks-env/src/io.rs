@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{Context, CounterArray, EnforceError, InstanceId, RequestContext, Stage, WorkflowId};
+use kv_stage::{Context, CounterArray, EnforceError, InstanceId, Reason, RequestContext, Stage, WorkflowId};
 use serde::Serialize;
 
 use crate::ffi::Sink;
@@ -110,6 +110,24 @@ pub struct JobStats {
     pub compaction_ln: JobClassStats,
 }
 
+/// The compactions of one per-level context (`bg_compaction_L2_L3`, ...):
+/// what RocksDB reported for its jobs, and the bytes rocks-env tagged with
+/// the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CompactionLevelStats {
+    /// The context (`bg_compaction_L0_L0`, `bg_compaction_L0_L1`,
+    /// `bg_compaction_L1_L2`, ..., or `bg_compaction_LN` beyond L10 and
+    /// `bg_compaction` for compactions of unknown levels).
+    pub context: RequestContext,
+    /// Its jobs, as the listener reported them (bytes: RocksDB's job
+    /// statistics, `total_output_bytes` and `total_input_bytes`).
+    pub jobs: JobClassStats,
+    /// Reads rocks-env tagged with the context (admitted requests).
+    pub read: OpsBytes,
+    /// Writes rocks-env tagged with the context.
+    pub written: OpsBytes,
+}
+
 /// Background errors RocksDB reported for the DB.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct BackgroundErrors {
@@ -169,19 +187,42 @@ struct RunningJob {
     thread: WorkflowId,
 }
 
+/// Built-in contexts: per-context job and byte statistics cover these.
+const BUILTIN_CONTEXTS: usize = RequestContext::BUILTINS.len();
+
 #[derive(Default)]
 struct Jobs {
     running: Vec<RunningJob>,
     flush: ClassState,
     l0: ClassState,
     ln: ClassState,
+    /// Per built-in context (compactions only).
+    by_context: [ClassState; BUILTIN_CONTEXTS],
 }
 
 impl Jobs {
+    fn begin(&mut self, context: RequestContext) {
+        self.class(context).begin();
+        if let Some(s) = self.by_context.get_mut(context.index())
+            && context != RequestContext::BG_FLUSH
+        {
+            s.begin();
+        }
+    }
+
+    fn end(&mut self, context: RequestContext, completed: Option<(u64, u64)>) {
+        self.class(context).end(completed);
+        if let Some(s) = self.by_context.get_mut(context.index())
+            && context != RequestContext::BG_FLUSH
+        {
+            s.end(completed);
+        }
+    }
+
     fn class(&mut self, context: RequestContext) -> &mut ClassState {
         if context == RequestContext::BG_FLUSH {
             &mut self.flush
-        } else if context == RequestContext::BG_COMPACTION_L0_L1 {
+        } else if RequestContext::BG_COMPACTION_L0_L1.covers(context) {
             &mut self.l0
         } else {
             &mut self.ln
@@ -189,9 +230,10 @@ impl Jobs {
     }
 }
 
-/// The request context of a compaction, by the level its input starts at.
-fn compaction_context(job: &JobInfo) -> RequestContext {
-    if job.base_input_level == 0 { RequestContext::BG_COMPACTION_L0_L1 } else { RequestContext::BG_COMPACTION_LN }
+/// The request context of a compaction, by its levels
+/// ([`RequestContext::compaction`]), and its reason.
+fn compaction_tag(job: &JobInfo) -> (RequestContext, Reason) {
+    (RequestContext::compaction(job.base_input_level, job.output_level), Reason::from_rocksdb(job.reason))
 }
 
 static NEXT_DB_ID: AtomicU64 = AtomicU64::new(1);
@@ -203,6 +245,8 @@ pub(crate) struct DbIo {
     stage: Arc<Stage>,
     instance: InstanceId,
     files: CounterArray<CELLS>,
+    /// Reads (even cells) and writes (odd cells) per built-in context.
+    contexts: CounterArray<{ 2 * BUILTIN_CONTEXTS }>,
     jobs: Mutex<Jobs>,
     /// Set while the DB closes: requests are counted here but no longer
     /// enforced, so a closing DB never waits on a throttled stage.
@@ -218,6 +262,7 @@ impl DbIo {
             stage,
             instance,
             files: CounterArray::new(),
+            contexts: CounterArray::new(),
             jobs: Mutex::new(Jobs::default()),
             closing: AtomicBool::new(false),
             refused: AtomicU64::new(0),
@@ -245,7 +290,7 @@ impl DbIo {
     pub(crate) fn closed(&self) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(j) = jobs.running.pop() {
-            jobs.class(j.context).end(None);
+            jobs.end(j.context, None);
             self.stage.job_finished(self.instance, j.context);
         }
     }
@@ -265,34 +310,36 @@ impl DbIo {
     /// `io_activity`; `background` inside a task this DB scheduled (file
     /// purges, ...); else what the application propagated on the thread
     /// (foreground by default).
+    /// A compaction's requests carry its [`Reason`] too.
     #[inline]
-    fn context_of(&self, req: &Request) -> RequestContext {
+    fn context_of(&self, req: &Request) -> (RequestContext, Reason) {
         if req.file == FileKind::InfoLog {
-            return RequestContext::BACKGROUND;
+            return (RequestContext::BACKGROUND, Reason::None);
         }
         if let Some(c) = tag::job_context(self.id) {
             return c;
         }
-        match req.activity {
+        let c = match req.activity {
             Activity::Flush => RequestContext::BG_FLUSH,
             Activity::Compaction => RequestContext::BG_COMPACTION,
             Activity::Other if tag::in_task(self.id) => RequestContext::BACKGROUND,
             Activity::Other => RequestContext::current(),
-        }
+        };
+        (c, Reason::None)
     }
 
-    fn job_begun(&self, job: &JobInfo, context: RequestContext) {
+    fn job_begun(&self, job: &JobInfo, context: RequestContext, reason: Reason) {
         let thread = WorkflowId::current();
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         // A thread runs one job at a time: a job of this DB still tagged on
         // it ended without a report.
-        if let Some(stale) = tag::begin_job(JobTag { db: self.id, job_id: job.job_id, context })
+        if let Some(stale) = tag::begin_job(JobTag { db: self.id, job_id: job.job_id, context, reason })
             && stale.db == self.id
         {
             self.retire(&mut jobs, |j| j.thread == thread && j.job_id == stale.job_id);
         }
         jobs.running.push(RunningJob { job_id: job.job_id, context, thread });
-        jobs.class(context).begin();
+        jobs.begin(context);
         self.stage.job_started(self.instance, context);
     }
 
@@ -301,7 +348,7 @@ impl DbIo {
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = jobs.running.iter().position(|j| j.job_id == job.job_id && j.context == context) {
             jobs.running.remove(i);
-            jobs.class(context).end(Some((written, read)));
+            jobs.end(context, Some((written, read)));
             self.stage.job_finished(self.instance, context);
         }
     }
@@ -312,7 +359,7 @@ impl DbIo {
         while i < jobs.running.len() {
             if which(&jobs.running[i]) {
                 let j = jobs.running.remove(i);
-                jobs.class(j.context).end(None);
+                jobs.end(j.context, None);
                 self.stage.job_finished(self.instance, j.context);
             } else {
                 i += 1;
@@ -354,6 +401,27 @@ impl DbIo {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         JobStats { flush: jobs.flush.snapshot(), compaction_l0: jobs.l0.snapshot(), compaction_ln: jobs.ln.snapshot() }
     }
+
+    /// Per compaction context with a job or tagged bytes, shallowest level
+    /// pair first.
+    pub(crate) fn compaction_levels(&self) -> Vec<CompactionLevelStats> {
+        let t = self.contexts.totals();
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        RequestContext::COMPACTION_PAIRS
+            .into_iter()
+            .chain([RequestContext::BG_COMPACTION_LN, RequestContext::BG_COMPACTION])
+            .filter_map(|c| {
+                let i = c.index();
+                let s = CompactionLevelStats {
+                    context: c,
+                    jobs: jobs.by_context[i].snapshot(),
+                    read: OpsBytes { ops: t[2 * i].0, bytes: t[2 * i].1 },
+                    written: OpsBytes { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
+                };
+                (s.jobs.begun > 0 || s.read.ops > 0 || s.written.ops > 0).then_some(s)
+            })
+            .collect()
+    }
 }
 
 impl Sink for DbIo {
@@ -362,10 +430,15 @@ impl Sink for DbIo {
     fn enforce(&self, req: &Request) -> Result<(), EnforceError> {
         let request_type = req.op.request_type();
         if !self.closing.load(Ordering::Relaxed) && req.op != FileOp::Prefetch {
-            let ctx = Context::with(WorkflowId::current(), request_type, self.context_of(req), self.instance, req.size);
+            let (context, reason) = self.context_of(req);
+            let ctx = Context::with(WorkflowId::current(), request_type, context, self.instance, req.size)
+                .with_reason(reason);
             if let Err(e) = self.stage.enforce(&ctx) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
+            }
+            if context.index() < BUILTIN_CONTEXTS && matches!(req.op, FileOp::Read | FileOp::Write) {
+                self.contexts.add(2 * context.index() + usize::from(req.op == FileOp::Write), req.size);
             }
         }
         self.files.add(cell(req.file, req.op), req.size);
@@ -374,16 +447,20 @@ impl Sink for DbIo {
 
     fn on_event(&self, ev: Event) {
         match ev {
-            Event::FlushBegin(job) => self.job_begun(&job, RequestContext::BG_FLUSH),
+            Event::FlushBegin(job) => self.job_begun(&job, RequestContext::BG_FLUSH, Reason::None),
             Event::FlushCompleted { job, bytes_written } => {
                 self.job_completed(&job, RequestContext::BG_FLUSH, bytes_written, 0)
             }
-            Event::CompactionBegin(job) => self.job_begun(&job, compaction_context(&job)),
+            Event::CompactionBegin(job) => {
+                let (context, reason) = compaction_tag(&job);
+                self.job_begun(&job, context, reason)
+            }
             Event::CompactionCompleted { job, bytes_written, bytes_read } => {
-                self.job_completed(&job, compaction_context(&job), bytes_written, bytes_read)
+                self.job_completed(&job, compaction_tag(&job).0, bytes_written, bytes_read)
             }
             Event::SubcompactionBegin(job) => {
-                tag::begin_subjob(JobTag { db: self.id, job_id: job.job_id, context: compaction_context(&job) })
+                let (context, reason) = compaction_tag(&job);
+                tag::begin_subjob(JobTag { db: self.id, job_id: job.job_id, context, reason })
             }
             Event::SubcompactionCompleted(_) => tag::end_subjob(self.id),
             Event::TaskBegin => tag::begin_task(self.id),

@@ -9,12 +9,18 @@
 //! [`kv_stage::Context`]:
 //!
 //! * **request context**: info-log writes are `background`; else the job of
-//!   this DB running on the calling thread (a flush, an L0 compaction when
-//!   the base input level is 0, an LN compaction otherwise); else RocksDB's
+//!   this DB running on the calling thread (a flush, or a compaction by its
+//!   levels: `bg_compaction_L0_L0`, `bg_compaction_L0_L1` from L0 into the
+//!   base level, `bg_compaction_L1_L2` ... by output level; see
+//!   [`RequestContext::compaction`](kv_stage::RequestContext::compaction));
+//!   else RocksDB's
 //!   `IOOptions::io_activity` (flush, compaction of unknown level); else
 //!   `background` inside a task the DB scheduled (file purges); else
 //!   whatever the application propagated on this thread with
 //!   [`with_context`] (foreground by default);
+//! * **reason**: a compaction's `CompactionReason`
+//!   ([`kv_stage::Reason`]: `manual` for `CompactRange`, `ttl`, `periodic`,
+//!   `level_size`, `l0_files`, ...); none for everything else;
 //! * **workflow**: the OS thread id; **type**: read, write, sync, or a
 //!   metadata request of size 0 (open, close, delete, rename, truncate);
 //! * **instance**: the DB's [`InstanceId`], so DBs can share a stage.
@@ -70,7 +76,7 @@ pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};
 pub use error::{Error, Result};
 pub use fault::{FaultInjection, FaultRule, IoActivity, PowerCutReport};
-pub use io::{BackgroundErrors, FileIo, IoStats, JobClassStats, JobStats, OpsBytes};
+pub use io::{BackgroundErrors, CompactionLevelStats, FileIo, IoStats, JobClassStats, JobStats, OpsBytes};
 pub use kv_stage::{ContextScope, InstanceId, with_context};
 pub use layout::{LayoutHandles, RocksLayout};
 pub use wire::{FileKind, FileOp};

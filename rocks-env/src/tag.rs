@@ -11,14 +11,16 @@
 
 use std::cell::Cell;
 
-use kv_stage::RequestContext;
+use kv_stage::{Reason, RequestContext};
 
-/// The job running on a thread: its DB, RocksDB's job id, its context.
+/// The job running on a thread: its DB, RocksDB's job id, its context and
+/// reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct JobTag {
     pub(crate) db: u64,
     pub(crate) job_id: i32,
     pub(crate) context: RequestContext,
+    pub(crate) reason: Reason,
 }
 
 struct ThreadTags {
@@ -35,12 +37,12 @@ thread_local! {
     };
 }
 
-/// The request context of a job of `db` running on this thread, if any
-/// (a subcompaction before the compaction it belongs to).
+/// The request context and reason of a job of `db` running on this thread,
+/// if any (a subcompaction before the compaction it belongs to).
 #[inline]
-pub(crate) fn job_context(db: u64) -> Option<RequestContext> {
+pub(crate) fn job_context(db: u64) -> Option<(RequestContext, Reason)> {
     TAGS.try_with(|t| {
-        let mine = |j: Option<JobTag>| j.filter(|j| j.db == db).map(|j| j.context);
+        let mine = |j: Option<JobTag>| j.filter(|j| j.db == db).map(|j| (j.context, j.reason));
         mine(t.sub.get()).or_else(|| mine(t.job.get()))
     })
     .ok()

@@ -139,16 +139,17 @@ impl InstanceView {
         !self.active_instances(ctx).is_empty()
     }
 
-    /// The stage's instances (DBs) in which a job of `ctx` runs now or ran
-    /// since the previous cycle.
+    /// The stage's instances (DBs) in which a job of `ctx` (of one of its
+    /// members, when it is a class) runs now or ran since the previous
+    /// cycle.
     pub fn active_instances(&self, ctx: RequestContext) -> Vec<InstanceId> {
         let mut v: Vec<InstanceId> = self
             .collection
             .jobs
             .iter()
-            .filter(|j| j.context == ctx && j.running > 0)
+            .filter(|j| ctx.covers(j.context) && j.running > 0)
             .map(|j| j.instance)
-            .chain(self.jobs_begun.iter().filter(|((_, c), n)| *c == ctx && **n > 0).map(|((i, _), _)| *i))
+            .chain(self.jobs_begun.iter().filter(|((_, c), n)| ctx.covers(*c) && **n > 0).map(|((i, _), _)| *i))
             .collect();
         v.sort();
         v.dedup();

@@ -131,7 +131,7 @@ fn active_drls(v: &InstanceView, ctx: C, drls: &[ObjectRef]) -> Vec<ObjectRef> {
     let mut out: Vec<ObjectRef> = Vec::new();
     for i in v.active_instances(ctx) {
         for (c, o) in v.info.objects_serving(ctx, i) {
-            if let Some(d) = drls.iter().find(|d| d.is(c, o))
+            if let Some(d) = drls.iter().find(|d| d.is(&c, &o))
                 && !out.contains(d)
             {
                 out.push(d.clone());

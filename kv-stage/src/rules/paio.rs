@@ -17,10 +17,15 @@
 //!
 //! * context-like words (`foreground`, `bg_flush`, `background`,
 //!   `high_priority`, `bg_compaction_L1_L2`, ...) become a set of
-//!   [`RequestContext`]s: `bg_compaction_high_priority`, `bg_compaction_L0_L0`
-//!   and `bg_compaction_L0_L1` are L0 compactions, deeper ones are LN;
-//!   `high_priority` is foreground, flush and L0 compactions; `background`
-//!   is every background context;
+//!   [`RequestContext`]s: the detailed names `bg_compaction_L0_L0`,
+//!   `bg_compaction_L0_L1`, `bg_compaction_L1_L2` and `bg_compaction_L2_L3`
+//!   are the contexts of those names, `bg_compaction_LN` the class of every
+//!   compaction from L1 down (so next to an `L2_L3` object it gets the
+//!   compactions no other object names, as in Paio); the simple names
+//!   `bg_compaction_high_priority` and `bg_compaction_low_priority` are the
+//!   classes `bg_compaction_L0_L1` (L0->L0 and L0->L1) and
+//!   `bg_compaction_LN` (the rest); `high_priority` is foreground, flush and
+//!   L0 compactions; `background` is every background context;
 //! * call-like words (`read`, `pwrite64`, `fsync`, `put`, `new_iterator`, ...)
 //!   become a set of [`RequestType`]s;
 //! * `no_op` constrains nothing.
@@ -151,8 +156,11 @@ fn lsm_detailed(word: &str) -> Option<Word> {
         "no_op" => Word::Nothing,
         "bg_flush" => Word::Contexts(vec![C::BG_FLUSH]),
         "bg_compaction" => Word::Contexts(vec![C::BG_COMPACTION_L0_L1, C::BG_COMPACTION_LN, C::BG_COMPACTION]),
-        "bg_compaction_L0_L0" | "bg_compaction_L0_L1" => Word::Contexts(vec![C::BG_COMPACTION_L0_L1]),
-        "bg_compaction_L1_L2" | "bg_compaction_L2_L3" | "bg_compaction_LN" => Word::Contexts(vec![C::BG_COMPACTION_LN]),
+        "bg_compaction_L0_L0" => Word::Contexts(vec![C::BG_COMPACTION_L0_L0]),
+        "bg_compaction_L0_L1" => Word::Contexts(vec![C::BG_COMPACTION_L0_L1]),
+        "bg_compaction_L1_L2" => Word::Contexts(vec![C::BG_COMPACTION_L1_L2]),
+        "bg_compaction_L2_L3" => Word::Contexts(vec![C::BG_COMPACTION_L2_L3]),
+        "bg_compaction_LN" => Word::Contexts(vec![C::BG_COMPACTION_LN]),
         _ => Word::Contexts(vec![C::FOREGROUND]),
     })
 }
@@ -704,7 +712,7 @@ mod tests {
     fn duplicate_object_pattern_is_an_error() {
         let e = parse_str(
             "1 create_channel c lsm_kvs_detailed 1 no_op no_op
-             2 create_object c 1 lsm_kvs_detailed no_op bg_compaction_L0_L0 drl 0 0
+             2 create_object c 1 lsm_kvs_simple no_op bg_compaction_high_priority drl 0 0
              3 create_object c 2 lsm_kvs_detailed no_op bg_compaction_L0_L1 drl 0 0
 ",
             PaioOptions::default(),

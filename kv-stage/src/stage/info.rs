@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::context::{Context, InstanceId, RequestContext, RequestType, WorkflowId};
+use crate::context::{Context, InstanceId, Reason, RequestContext, RequestType, WorkflowId};
 use crate::error::{Error, Result};
 use crate::matching::Match;
 use crate::objects::{EnforcementObject, Object, ObjectConfig, ObjectKind, ObjectSpec, ObjectStats};
@@ -17,16 +17,20 @@ use super::snapshot::{Layout, NO_OBJECT};
 
 /// Which objects the requests of each context reach, per instance class,
 /// by looking every combination of classifier classes up in the compiled
-/// layout: the request types, the workflows and instances the rules name
-/// (plus one value no rule names), and `contexts`.
+/// layout: the request types, the workflows, instances and reasons the
+/// rules name (plus one value no rule names), and `contexts`.
 pub(super) fn coverage(layout: &Layout, m: &Model, contexts: &[RequestContext]) -> Vec<Coverage> {
     let patterns = m.routes.iter().chain(m.channels.iter().flat_map(|c| c.routes.iter())).map(|r| &r.matches);
     let mut instances: Vec<InstanceId> = Vec::new();
     let mut workflows: Vec<u64> = Vec::new();
+    let mut reasons: Vec<Reason> = vec![Reason::None];
     for p in patterns {
         instances.extend(p.instance.values().iter().copied());
         workflows.extend(p.workflow.values().iter().map(|w| w.0));
+        reasons.extend(p.reason.values().iter().copied());
     }
+    reasons.sort();
+    reasons.dedup();
     instances.sort();
     instances.dedup();
     workflows.sort();
@@ -39,9 +43,9 @@ pub(super) fn coverage(layout: &Layout, m: &Model, contexts: &[RequestContext]) 
     for (class, instance) in classes {
         for &context in contexts {
             let mut objects: Vec<(String, String)> = Vec::new();
-            for t in RequestType::ALL {
+            for (t, &reason) in RequestType::ALL.into_iter().flat_map(|t| reasons.iter().map(move |r| (t, r))) {
                 for &w in &workflows {
-                    let r = layout.route(&Context::with(WorkflowId(w), t, context, instance, 0));
+                    let r = layout.route(&Context::with(WorkflowId(w), t, context, instance, 0).with_reason(reason));
                     if r.object == NO_OBJECT {
                         continue;
                     }
@@ -206,12 +210,12 @@ impl StageInfo {
         self.channels.iter().find(|c| c.id == channel)?.objects.iter().find(|o| o.id == object)
     }
 
-    /// Objects that requests of `ctx` reach, for any instance, as
-    /// `(channel, object)`: how a controller finds "the flush objects"
-    /// without magic ids.
+    /// Objects that requests of `ctx` (of its members too, when it is a
+    /// class) reach, for any instance, as `(channel, object)`: how a
+    /// controller finds "the flush objects" without magic ids.
     pub fn objects_for_context(&self, ctx: RequestContext) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
-        for c in self.coverage.iter().filter(|c| c.context == ctx) {
+        for c in self.coverage.iter().filter(|c| ctx.covers(c.context)) {
             for o in &c.objects {
                 if !out.contains(o) {
                     out.push(o.clone());
@@ -221,10 +225,23 @@ impl StageInfo {
         out
     }
 
-    /// Objects that requests of `ctx` from `instance` reach.
-    pub fn objects_serving(&self, ctx: RequestContext, instance: InstanceId) -> &[(String, String)] {
-        let find = |i: Option<InstanceId>| self.coverage.iter().find(|c| c.context == ctx && c.instance == i);
-        find(Some(instance)).or_else(|| find(None)).map_or(&[], |c| &c.objects)
+    /// Objects that requests of `ctx` (of its members too, when it is a
+    /// class) from `instance` reach.
+    pub fn objects_serving(&self, ctx: RequestContext, instance: InstanceId) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut contexts: Vec<RequestContext> = self.coverage.iter().map(|c| c.context).collect();
+        contexts.dedup();
+        for member in contexts.into_iter().filter(|m| ctx.covers(*m)) {
+            let find = |i: Option<InstanceId>| self.coverage.iter().find(|c| c.context == member && c.instance == i);
+            if let Some(c) = find(Some(instance)).or_else(|| find(None)) {
+                for o in &c.objects {
+                    if !out.contains(o) {
+                        out.push(o.clone());
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -342,10 +359,11 @@ impl Collection {
         self.objects.iter().find(|o| o.channel == channel && o.object == object)
     }
 
-    /// Jobs of a request context, summed over instances (zero when none
-    /// were reported; the `instance` field is then meaningless).
+    /// Jobs of a request context (with its members, when it is a class),
+    /// summed over instances (zero when none were reported; the `instance`
+    /// field is then meaningless).
     pub fn jobs(&self, ctx: RequestContext) -> JobCounters {
-        self.jobs.iter().filter(|j| j.context == ctx).fold(
+        self.jobs.iter().filter(|j| ctx.covers(j.context)).fold(
             JobCounters { context: ctx, instance: InstanceId(0), begun: 0, completed: 0, running: 0 },
             |mut acc, j| {
                 acc.begun += j.begun;
@@ -367,8 +385,17 @@ impl Collection {
         })
     }
 
-    /// A request context's counters (zero when it had no traffic).
+    /// A request context's counters (zero when it had no traffic); for a
+    /// class, the sum over the class and its members.
     pub fn context(&self, ctx: RequestContext) -> Counter {
+        self.contexts.iter().filter(|c| ctx.covers(c.context)).fold(Counter::default(), |acc, c| Counter {
+            ops: acc.ops + c.counter.ops,
+            bytes: acc.bytes + c.counter.bytes,
+        })
+    }
+
+    /// A request context's own counters, without its members.
+    pub fn context_exact(&self, ctx: RequestContext) -> Counter {
         self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.counter)
     }
 
@@ -398,7 +425,11 @@ impl Collection {
                     ((o.channel.clone(), o.object.clone()), rate(o.counter, then))
                 })
                 .collect(),
-            contexts: self.contexts.iter().map(|c| (c.context, rate(c.counter, earlier.context(c.context)))).collect(),
+            contexts: self
+                .contexts
+                .iter()
+                .map(|c| (c.context, rate(c.counter, earlier.context_exact(c.context))))
+                .collect(),
         }
     }
 }
@@ -426,9 +457,13 @@ pub struct Rates {
 }
 
 impl Rates {
-    /// A request context's rates (zero when it had no traffic).
+    /// A request context's rates (zero when it had no traffic); for a
+    /// class, the sum over the class and its members.
     pub fn context(&self, ctx: RequestContext) -> RatePair {
-        self.contexts.iter().find(|c| c.0 == ctx).map_or_else(RatePair::default, |c| c.1)
+        self.contexts.iter().filter(|c| ctx.covers(c.0)).fold(RatePair::default(), |acc, c| RatePair {
+            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
+            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
+        })
     }
 
     /// A channel's rates.

@@ -88,7 +88,11 @@ impl Route {
 /// (bit 63 set so that 0 means "none").
 #[inline(always)]
 pub(super) fn route_key(ctx: &Context) -> u64 {
-    (1 << 63) | ctx.request_type as u64 | (u64::from(ctx.context.id()) << 8) | (u64::from(ctx.instance.0) << 24)
+    (1 << 63)
+        | ctx.request_type as u64
+        | (u64::from(ctx.context.id()) << 8)
+        | (u64::from(ctx.instance.0) << 24)
+        | ((ctx.reason as u64) << 40)
 }
 
 thread_local! {
