@@ -459,7 +459,7 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         stop_sampler.store(true, std::sync::atomic::Ordering::Relaxed);
         measured
     })?;
-    let (settle_ms, charged0, seen0, stall0, result) = measured;
+    let Measured { settle_ms, charged0, seen0, stall0, levels0, result } = measured;
     let charged = cgroup.as_ref().map(|c| c.charged()).transpose()?;
     let seen = sys.seen_bytes();
     let mut rep = SystemReport::new(kind.name(), r, &result, &b.params.profile);
@@ -482,6 +482,7 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         rep.byte_check = Some(ByteCheck::new(c1.since(&c0), seen));
     }
     rep.controller_cycles = sys.controller.as_ref().map_or(0, |c| c.cycles());
+    rep.compaction_levels = report::LevelReport::between(&levels0, &sys.compaction_levels());
     // Close outside the throttle: what is left of the background work is
     // not measured.
     if let Some(cg) = &cgroup {
@@ -506,7 +507,15 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
 /// What [`settle_and_run`] measured: settle time, the cgroup's and the
 /// system's byte counters and the stall counter at the start of the
 /// clock, and the run.
-type Measured = (Option<u64>, Option<kernel::Charged>, systems::SeenBytes, u64, runner::RunResult);
+/// What a run measured, with the counters taken when the clock started.
+struct Measured {
+    settle_ms: Option<u64>,
+    charged0: Option<kernel::Charged>,
+    seen0: systems::SeenBytes,
+    stall0: u64,
+    levels0: Vec<rocks_env::CompactionLevelStats>,
+    result: runner::RunResult,
+}
 
 /// Settles (warm start), takes the counters at the start of the clock,
 /// then runs the clients.
@@ -535,6 +544,7 @@ fn settle_and_run(
     let charged0 = cgroup.map(|c| c.charged()).transpose()?;
     let seen0 = sys.seen_bytes();
     let stall0 = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros);
+    let levels0 = sys.compaction_levels();
     let bar = progress.bar(label, b.params.duration);
     if bar.is_none() {
         progress.line(&format!("{label}: running {}s", b.params.duration.as_secs()));
@@ -553,7 +563,7 @@ fn settle_and_run(
     // this process: on a kernel device those bytes are then charged before
     // the counters are read, as the stage already counted them.
     sys.db.db().flush_wal(true)?;
-    Ok((settle_ms, charged0, seen0, stall0, result))
+    Ok(Measured { settle_ms, charged0, seen0, stall0, levels0, result })
 }
 
 fn params(sys: &SystemArgs, duration: Duration, profile: &Profile, seed: u64) -> RunParams {

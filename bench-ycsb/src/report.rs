@@ -210,6 +210,55 @@ pub struct SystemReport {
     pub context_bytes: BTreeMap<String, u64>,
     /// Controller cycles run (paio-silk).
     pub controller_cycles: u64,
+    /// Compactions during the run per level pair (systems on the stage).
+    #[serde(default)]
+    pub compaction_levels: Vec<LevelReport>,
+}
+
+/// The compactions of one level pair during a run: RocksDB's job statistics
+/// next to the bytes rocks-env tagged with the pair's context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelReport {
+    /// The context: `bg_compaction_L0_L0`, `bg_compaction_L1_L2`, ...
+    pub context: String,
+    /// Jobs completed.
+    pub jobs: u64,
+    /// Output bytes RocksDB reported for those jobs.
+    pub rocksdb_written: u64,
+    /// Input bytes RocksDB reported for those jobs.
+    pub rocksdb_read: u64,
+    /// Bytes written with the pair's context (output files and the jobs'
+    /// MANIFEST edits), including jobs still running at the end.
+    pub tagged_written: u64,
+    /// Bytes read with the pair's context.
+    pub tagged_read: u64,
+}
+
+impl LevelReport {
+    /// What happened between two snapshots of a DB's per-pair statistics
+    /// (pairs with no activity in between are left out).
+    pub fn between(start: &[rocks_env::CompactionLevelStats], end: &[rocks_env::CompactionLevelStats]) -> Vec<Self> {
+        end.iter()
+            .filter_map(|e| {
+                let s = start.iter().find(|s| s.context == e.context);
+                let before = |f: &dyn Fn(&rocks_env::CompactionLevelStats) -> u64| s.map_or(0, f);
+                let r = LevelReport {
+                    context: e.context.name().to_owned(),
+                    jobs: e.jobs.completed.saturating_sub(before(&|s| s.jobs.completed)),
+                    rocksdb_written: e.jobs.bytes_written.saturating_sub(before(&|s| s.jobs.bytes_written)),
+                    rocksdb_read: e.jobs.bytes_read.saturating_sub(before(&|s| s.jobs.bytes_read)),
+                    tagged_written: e.written.bytes.saturating_sub(before(&|s| s.written.bytes)),
+                    tagged_read: e.read.bytes.saturating_sub(before(&|s| s.read.bytes)),
+                };
+                (r.jobs > 0 || r.tagged_written > 0 || r.tagged_read > 0).then_some(r)
+            })
+            .collect()
+    }
+
+    /// The short name of the pair (`L1_L2`).
+    pub fn pair(&self) -> &str {
+        self.context.strip_prefix("bg_compaction_").unwrap_or(&self.context)
+    }
 }
 
 impl SystemReport {
@@ -250,6 +299,7 @@ impl SystemReport {
             device_wait_us: 0,
             context_bytes: BTreeMap::new(),
             controller_cycles: 0,
+            compaction_levels: Vec::new(),
         }
     }
 
@@ -515,6 +565,61 @@ pub fn table(report: &BenchReport) -> String {
             let _ = write!(s, " {:>9}", format!("{}%{flag}", num(m.write_charged * 100.0, 0)));
         }
         s.push('\n');
+    }
+    s.push_str(&levels_table(report));
+    s
+}
+
+/// Compaction MiB written per level pair during the run (median over
+/// repeats), and the tagged bytes against what RocksDB reported for the
+/// completed jobs. Empty when no system ran on the stage.
+pub fn levels_table(report: &BenchReport) -> String {
+    let mut pairs: Vec<(usize, String)> = Vec::new();
+    for l in report.systems.iter().flat_map(|r| &r.compaction_levels) {
+        if !pairs.iter().any(|(_, p)| *p == l.context) {
+            let order = kv_stage::RequestContext::COMPACTION_PAIRS
+                .iter()
+                .position(|c| c.name() == l.context)
+                .unwrap_or(usize::MAX);
+            pairs.push((order, l.context.clone()));
+        }
+    }
+    if pairs.is_empty() {
+        return String::new();
+    }
+    pairs.sort();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let mut s = String::from("\ncompaction MiB written per level pair (tagged; median over repeats)\n");
+    let _ = write!(s, "{:<18}", "system");
+    for (_, p) in &pairs {
+        let _ = write!(s, " {:>9}", p.strip_prefix("bg_compaction_").unwrap_or(p));
+    }
+    let _ = writeln!(s, " {:>12}", "vs RocksDB");
+    for (name, rs) in per_system(report) {
+        if rs.iter().all(|r| r.compaction_levels.is_empty()) {
+            continue;
+        }
+        let _ = write!(s, "{name:<18}");
+        for (_, p) in &pairs {
+            let v = median(
+                rs.iter()
+                    .map(|r| {
+                        r.compaction_levels.iter().find(|l| l.context == *p).map_or(0.0, |l| mib(l.tagged_written))
+                    })
+                    .collect(),
+            );
+            let _ = write!(s, " {v:>9.1}");
+        }
+        let ratio = median(
+            rs.iter()
+                .map(|r| {
+                    let t: u64 = r.compaction_levels.iter().map(|l| l.tagged_written).sum();
+                    let k: u64 = r.compaction_levels.iter().map(|l| l.rocksdb_written).sum();
+                    if k == 0 { f64::NAN } else { t as f64 / k as f64 }
+                })
+                .collect(),
+        );
+        let _ = writeln!(s, " {:>12}", format!("{}%", num(ratio * 100.0, 1)));
     }
     s
 }

@@ -330,6 +330,15 @@ impl RunningSystem {
         }
     }
 
+    /// Per-level-pair compaction statistics (systems on the stage; empty
+    /// for plain RocksDB, which has no listener).
+    pub fn compaction_levels(&self) -> Vec<rocks_env::CompactionLevelStats> {
+        match &self.db {
+            SystemDb::Staged(s) => s.compaction_levels(),
+            SystemDb::Plain(_) => Vec::new(),
+        }
+    }
+
     /// Reads RocksDB's compaction pressure into the cell the controller
     /// reads (`paio-silk-pressure` only; a no-op otherwise). The caller
     /// calls it every few milliseconds while the system runs.

@@ -306,3 +306,74 @@ fn pressure_from_the_handle_drives_silk_with_pressure() {
     assert_eq!(json["notes"][0]["pressure"]["l0"], 0.5, "{json}");
     assert_eq!(json["notes"][0]["budget_bps"], 40.0 * MIB, "{json}");
 }
+
+/// SILK reads its L0 and LN classes: a job reported under a level pair
+/// (an intra-L0 compaction, an L2->L3 one) counts as L0 or LN work, and
+/// the objects on the classes' routes are found.
+#[test]
+fn silk_sees_level_pair_jobs_through_their_classes() {
+    use kv_stage::{InstanceId, Match, RequestContext as C};
+    const MIB: f64 = 1048576.0;
+    let stage = Arc::new(Stage::new("pairs"));
+    let drl = || ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED));
+    stage
+        .apply_rules([
+            Rule::CreateChannel { channel: "flush".into(), matches: Some(Match::context(C::BG_FLUSH)) },
+            Rule::CreateObject { channel: "flush".into(), object: "drl".into(), spec: drl(), matches: None },
+            Rule::CreateChannel {
+                channel: "compaction".into(),
+                matches: Some(Match::contexts([C::BG_COMPACTION_L0_L1, C::BG_COMPACTION_LN])),
+            },
+            Rule::CreateObject {
+                channel: "compaction".into(),
+                object: "l0".into(),
+                spec: drl(),
+                matches: Some(Match::context(C::BG_COMPACTION_L0_L1)),
+            },
+            Rule::CreateObject {
+                channel: "compaction".into(),
+                object: "ln".into(),
+                spec: drl(),
+                matches: Some(Match::context(C::BG_COMPACTION_LN)),
+            },
+        ])
+        .unwrap();
+    let silk = SilkConfig {
+        kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        pressure: None,
+    };
+    let rate = |o: &str| match stage.object("compaction", o).unwrap().spec() {
+        Some(ObjectSpec::Drl(d)) => d.rate.per_sec() / MIB,
+        other => panic!("{other:?}"),
+    };
+    let ctl = Controller::builder(ControllerConfig::silk(silk)).instance("db", stage.clone()).start().unwrap();
+    let wait = |l0: f64, ln: f64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while (rate("l0") - l0).abs() > 1e-6 || (rate("ln") - ln).abs() > 1e-6 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "l0 {} ln {} MiB/s, expected {l0} {ln}",
+                rate("l0"),
+                rate("ln")
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // Idle: LN gets left_B (all of KVS_B).
+    wait(4.0, 60.0);
+    // An intra-L0 compaction is L0 work: the L0 DRL gets left_B.
+    stage.job_started(InstanceId(0), C::BG_COMPACTION_L0_L0);
+    wait(60.0, 4.0);
+    stage.job_finished(InstanceId(0), C::BG_COMPACTION_L0_L0);
+    // An L2->L3 compaction is LN work: LN gets left_B again once the L0
+    // job is out of the last cycle.
+    stage.job_started(InstanceId(0), C::BG_COMPACTION_L2_L3);
+    wait(4.0, 60.0);
+    stage.job_finished(InstanceId(0), C::BG_COMPACTION_L2_L3);
+    let log = ctl.stop();
+    // The log names the pairs.
+    let named = |c: &str| log.iter().any(|r| r.inputs[0].running_jobs.iter().any(|(n, _)| n == c));
+    assert!(named("bg_compaction_L0_L0") && named("bg_compaction_L2_L3"));
+}

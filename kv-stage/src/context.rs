@@ -968,7 +968,7 @@ mod tests {
         assert_eq!(C::compaction(10, 11), C::BG_COMPACTION_LN);
         assert_eq!(C::compaction(3, 3), C::BG_COMPACTION_LN);
         assert_eq!(C::compaction(-1, 2), C::BG_COMPACTION);
-        for (i, c) in C::COMPACTION_PAIRS.into_iter().enumerate() {
+        for c in C::COMPACTION_PAIRS {
             let (a, b) = c.level_pair().unwrap();
             assert_eq!(c.name(), format!("bg_compaction_L{a}_L{b}"));
             assert_eq!(C::compaction(i32::from(a), i32::from(b)), c);

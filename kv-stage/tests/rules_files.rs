@@ -129,6 +129,20 @@ fn example_rules_files_load() {
     assert_eq!(info.object("compaction", "ln").map(|o| o.kind.as_str()), Some("drl"));
     assert!(info.object("compaction", "nope").is_none() && info.object("nope", "ln").is_none());
 
+    let stage = Stage::new("levels");
+    stage.apply(&RuleSet::load(&example("compaction_levels.toml")).unwrap()).unwrap();
+    let at = |c: C, r: Reason| {
+        let ctx = Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 10).with_reason(r);
+        stage.select(&ctx).1.map(|o| o.to_string())
+    };
+    assert_eq!(at(C::BG_COMPACTION_L0_L0, Reason::L0Files).as_deref(), Some("compaction/l0"));
+    assert_eq!(at(C::BG_COMPACTION_L1_L2, Reason::LevelSize).as_deref(), Some("compaction/deep"));
+    assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::LevelSize).as_deref(), Some("compaction/l2_l3"));
+    assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::Ttl).as_deref(), Some("compaction/aged"));
+    assert_eq!(at(C::BG_COMPACTION_L4_L5, Reason::Periodic).as_deref(), Some("compaction/aged"));
+    assert_eq!(at(C::BG_COMPACTION_L5_L6, Reason::Manual).as_deref(), Some("compaction/manual"));
+    assert_eq!(drl_rate(&stage, "compaction", "l2_l3"), 16.0 * 1048576.0);
+
     let stage = Stage::new("volumes");
     stage.apply(&RuleSet::load(&example("volumes.json")).unwrap()).unwrap();
     let backup = C::lookup("backup").expect("declared by the file");

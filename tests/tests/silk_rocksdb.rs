@@ -107,6 +107,35 @@ fn silk_shifts_bandwidth_between_flushes_and_ln_compactions() {
     assert!(flush_only + both > 0, "no cycle saw a flush running");
     assert!(neither > 0, "no quiet cycle");
 
+    // The log names compactions by level pair: the jobs SILK saw as L0 and
+    // LN (classes) are reported under their own pairs.
+    let mut pairs: Vec<&str> = log
+        .iter()
+        .flat_map(|r| &r.inputs)
+        .flat_map(|i| i.running_jobs.iter().map(|(c, _)| c).chain(i.context_bps.iter().map(|(c, _)| c)))
+        .map(String::as_str)
+        .filter(|c| kv_stage::RequestContext::lookup(c).is_some_and(|c| c.level_pair().is_some()))
+        .collect();
+    pairs.sort();
+    pairs.dedup();
+    eprintln!("level pairs in the decision log: {pairs:?}");
+    assert!(pairs.contains(&"bg_compaction_L0_L1"), "{pairs:?}");
+    assert!(
+        pairs
+            .iter()
+            .any(|c| kv_stage::RequestContext::BG_COMPACTION_LN.covers(kv_stage::RequestContext::lookup(c).unwrap())),
+        "no deep pair in the log: {pairs:?}"
+    );
+    for r in &log {
+        for i in &r.inputs {
+            assert!(
+                i.running_jobs.iter().all(|(c, _)| c != "bg_compaction_LN" && c != "bg_compaction"),
+                "a compaction without levels: {:?}",
+                i.running_jobs
+            );
+        }
+    }
+
     // The stage holds the rates of the last cycle.
     let last = log.last().unwrap();
     let spec_rate = |h: &kv_stage::ObjectHandle| match h.spec() {
