@@ -104,8 +104,8 @@ pub struct PowerCutReport {
     pub renames_undone: u64,
 }
 
-/// A fault injector; give it to [`StagedDbBuilder::fault_injection`]
-/// (crate::StagedDbBuilder::fault_injection). One injector may serve
+/// A fault injector; give it to
+/// [`StagedDbBuilder::fault_injection`](crate::StagedDbBuilder::fault_injection). One injector may serve
 /// several opens of the same DB: it keeps what it learned about the files.
 pub struct FaultInjection {
     raw: *mut RawFault,

@@ -17,7 +17,7 @@
 //!
 //! * context-like words (`foreground`, `bg_flush`, `background`,
 //!   `high_priority`, `bg_compaction_L1_L2`, ...) become a set of
-//!   [`RequestContext`]s: the detailed names `bg_compaction_L0_L0`,
+//!   [`RequestContext`](crate::RequestContext)s: the detailed names `bg_compaction_L0_L0`,
 //!   `bg_compaction_L0_L1`, `bg_compaction_L1_L2` and `bg_compaction_L2_L3`
 //!   are the contexts of those names, `bg_compaction_LN` the class of every
 //!   compaction from L1 down (so next to an `L2_L3` object it gets the
@@ -27,7 +27,7 @@
 //!   `bg_compaction_LN` (the rest); `high_priority` is foreground, flush and
 //!   L0 compactions; `background` is every background context;
 //! * call-like words (`read`, `pwrite64`, `fsync`, `put`, `new_iterator`, ...)
-//!   become a set of [`RequestType`]s;
+//!   become a set of [`RequestType`](crate::RequestType)s;
 //! * `no_op` constrains nothing.
 //!
 //! When `<type>` and `<context>` both constrain the same classifier they are

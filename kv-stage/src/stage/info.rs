@@ -174,7 +174,7 @@ pub struct StageInfo {
     pub channels: Vec<ChannelInfo>,
     /// Workflows that have sent requests.
     pub workflows: Vec<WorkflowId>,
-    /// Instances open on the stage ([`Stage::open_instance`]).
+    /// Instances open on the stage ([`Stage::open_instance`](crate::Stage::open_instance)).
     pub instances: Vec<InstanceInfo>,
     /// Which objects each request context reaches, per instance class,
     /// computed from the compiled layout.
@@ -328,7 +328,7 @@ pub struct Collection {
     /// Workflows beyond those tracked per thread.
     pub other_workflows: Counter,
     /// Jobs per request context, as layers reported them
-    /// ([`Stage::job_started`]); contexts that never had a job are omitted.
+    /// ([`Stage::job_started`](crate::Stage::job_started)); contexts that never had a job are omitted.
     pub jobs: Vec<JobCounters>,
 }
 
