@@ -312,32 +312,13 @@ fn pressure_from_the_handle_drives_silk_with_pressure() {
 /// the objects on the classes' routes are found.
 #[test]
 fn silk_sees_level_pair_jobs_through_their_classes() {
-    use kv_stage::{InstanceId, Match, RequestContext as C};
+    use kv_stage::{InstanceId, RequestContext as C};
     const MIB: f64 = 1048576.0;
+    // The paper's layout (flush DRL, compaction channel with `l0` and `ln`
+    // DRLs on the two classes), as the example rules file has it.
     let stage = Arc::new(Stage::new("pairs"));
-    let drl = || ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED));
-    stage
-        .apply_rules([
-            Rule::CreateChannel { channel: "flush".into(), matches: Some(Match::context(C::BG_FLUSH)) },
-            Rule::CreateObject { channel: "flush".into(), object: "drl".into(), spec: drl(), matches: None },
-            Rule::CreateChannel {
-                channel: "compaction".into(),
-                matches: Some(Match::contexts([C::BG_COMPACTION_L0_L1, C::BG_COMPACTION_LN])),
-            },
-            Rule::CreateObject {
-                channel: "compaction".into(),
-                object: "l0".into(),
-                spec: drl(),
-                matches: Some(Match::context(C::BG_COMPACTION_L0_L1)),
-            },
-            Rule::CreateObject {
-                channel: "compaction".into(),
-                object: "ln".into(),
-                spec: drl(),
-                matches: Some(Match::context(C::BG_COMPACTION_LN)),
-            },
-        ])
-        .unwrap();
+    let layout = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv-stage/examples/rules/rocksdb.toml");
+    stage.apply(&kv_stage::RuleSet::load(std::path::Path::new(layout)).unwrap()).unwrap();
     let silk = SilkConfig {
         kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
         min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),

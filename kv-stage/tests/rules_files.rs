@@ -29,6 +29,12 @@ fn load(files: &[PathBuf], opts: &PaioOptions) -> RuleSet {
     set
 }
 
+/// Where a write of context `c` and reason `r` goes: `channel/object`.
+fn routed(stage: &Stage, c: C, r: Reason) -> Option<String> {
+    let ctx = Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 4096).with_reason(r);
+    stage.select(&ctx).1.map(|o| o.to_string())
+}
+
 fn drl_rate(stage: &Stage, channel: &str, object: &str) -> f64 {
     match stage.object(channel, object).and_then(|o| o.spec()) {
         Some(ObjectSpec::Drl(d)) => d.rate.per_sec(),
@@ -131,10 +137,7 @@ fn example_rules_files_load() {
 
     let stage = Stage::new("levels");
     stage.apply(&RuleSet::load(&example("compaction_levels.toml")).unwrap()).unwrap();
-    let at = |c: C, r: Reason| {
-        let ctx = Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 10).with_reason(r);
-        stage.select(&ctx).1.map(|o| o.to_string())
-    };
+    let at = |c: C, r: Reason| routed(&stage, c, r);
     assert_eq!(at(C::BG_COMPACTION_L0_L0, Reason::L0Files).as_deref(), Some("compaction/l0"));
     assert_eq!(at(C::BG_COMPACTION_L1_L2, Reason::LevelSize).as_deref(), Some("compaction/deep"));
     assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::LevelSize).as_deref(), Some("compaction/l2_l3"));
@@ -336,8 +339,7 @@ fn paio_detailed_names_are_distinct_contexts() {
     let set = RuleSet::parse(text, RulesFormat::Paio, Some("detailed".into()), &PaioOptions::default()).unwrap();
     let stage = Stage::new("detailed");
     stage.apply(&set).unwrap();
-    let req = |c: C| Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 4096);
-    let object = |c: C| stage.select(&req(c)).1.map(|o| o.to_string());
+    let object = |c: C| routed(&stage, c, Reason::None);
     assert_eq!(object(C::BG_COMPACTION_L2_L3).as_deref(), Some("400/2"));
     assert_eq!(object(C::BG_COMPACTION_L1_L2).as_deref(), Some("400/5"));
     assert_eq!(object(C::BG_COMPACTION_L0_L0).as_deref(), Some("400/3"));
@@ -414,10 +416,7 @@ match = { context = "bg_compaction_LN", reason = "kManualCompaction" }
     let set = RuleSet::parse(text, RulesFormat::Toml, Some("levels.toml".into()), &PaioOptions::default()).unwrap();
     let stage = Stage::new("levels");
     stage.apply(&set).unwrap();
-    let at = |c: C, r: Reason| {
-        let ctx = Context::with(WorkflowId(1), T::Write, c, InstanceId(0), 4096).with_reason(r);
-        stage.select(&ctx).1.map(|o| o.to_string())
-    };
+    let at = |c: C, r: Reason| routed(&stage, c, r);
     assert_eq!(at(C::BG_COMPACTION_L1_L2, Reason::LevelSize).as_deref(), Some("compaction/ln"));
     assert_eq!(at(C::BG_COMPACTION_L2_L3, Reason::LevelSize).as_deref(), Some("compaction/l2_l3"));
     // Context and reason pinned (score 4) beat the member alone (score 2).

@@ -203,19 +203,15 @@ struct Jobs {
 impl Jobs {
     fn begin(&mut self, context: RequestContext) {
         self.class(context).begin();
-        if let Some(s) = self.by_context.get_mut(context.index())
-            && context != RequestContext::BG_FLUSH
-        {
-            s.begin();
+        if is_compaction(context) {
+            self.by_context[context.index()].begin();
         }
     }
 
     fn end(&mut self, context: RequestContext, completed: Option<(u64, u64)>) {
         self.class(context).end(completed);
-        if let Some(s) = self.by_context.get_mut(context.index())
-            && context != RequestContext::BG_FLUSH
-        {
-            s.end(completed);
+        if is_compaction(context) {
+            self.by_context[context.index()].end(completed);
         }
     }
 
@@ -236,6 +232,13 @@ fn compaction_tag(job: &JobInfo) -> (RequestContext, Reason) {
     (RequestContext::compaction(job.base_input_level, job.output_level), Reason::from_rocksdb(job.reason))
 }
 
+/// The contexts [`DbIo::compaction_levels`] reports: every level pair, the
+/// `LN` context itself (deeper than L10) and compactions of unknown levels.
+#[inline]
+fn is_compaction(c: RequestContext) -> bool {
+    c.level_pair().is_some() || c == RequestContext::BG_COMPACTION_LN || c == RequestContext::BG_COMPACTION
+}
+
 static NEXT_DB_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The state behind one DB's file system layer, Env and listener.
@@ -245,7 +248,8 @@ pub(crate) struct DbIo {
     stage: Arc<Stage>,
     instance: InstanceId,
     files: CounterArray<CELLS>,
-    /// Reads (even cells) and writes (odd cells) per built-in context.
+    /// Reads (even cells) and writes (odd cells) per built-in compaction
+    /// context (the other cells stay 0).
     contexts: CounterArray<{ 2 * BUILTIN_CONTEXTS }>,
     jobs: Mutex<Jobs>,
     /// Set while the DB closes: requests are counted here but no longer
@@ -437,7 +441,7 @@ impl Sink for DbIo {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
-            if context.index() < BUILTIN_CONTEXTS && matches!(req.op, FileOp::Read | FileOp::Write) {
+            if is_compaction(context) && matches!(req.op, FileOp::Read | FileOp::Write) {
                 self.contexts.add(2 * context.index() + usize::from(req.op == FileOp::Write), req.size);
             }
         }

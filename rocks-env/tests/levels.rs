@@ -241,6 +241,14 @@ fn reason_stage() -> Arc<Stage> {
     stage
 }
 
+/// [`level_options`] with no automatic compaction while L0 stays small (a
+/// file-count trigger of 50; keep L0 under L1's 1 MiB target as well).
+fn quiet_options() -> rocksdb::Options {
+    let mut o = level_options();
+    o.set_level_zero_file_num_compaction_trigger(50);
+    o
+}
+
 fn object_bytes(stage: &Stage, object: &str) -> u64 {
     stage.collect().object("compaction", object).map_or(0, |o| o.counter.bytes)
 }
@@ -249,10 +257,8 @@ fn object_bytes(stage: &Stage, object: &str) -> u64 {
 fn compact_range_is_tagged_manual() {
     let dir = tempfile::tempdir().unwrap();
     let stage = reason_stage();
-    let mut opts = level_options();
     // No automatic compaction: the L0 files stay until CompactRange.
-    opts.set_level_zero_file_num_compaction_trigger(50);
-    let db = StagedDb::builder(opts).stage(Arc::clone(&stage)).open(dir.path()).unwrap();
+    let db = StagedDb::builder(quiet_options()).stage(Arc::clone(&stage)).open(dir.path()).unwrap();
     // (Three files of 200 KiB: L0's size stays under L1's 1 MiB target too.)
     for round in 0..3 {
         load(&db, 200, 10 + round);
@@ -278,8 +284,7 @@ fn compact_range_is_tagged_manual() {
 fn an_expired_file_is_compacted_as_ttl() {
     let dir = tempfile::tempdir().unwrap();
     let stage = reason_stage();
-    let mut opts = level_options();
-    opts.set_level_zero_file_num_compaction_trigger(50);
+    let mut opts = quiet_options();
     opts.set_ttl(1);
     let db = StagedDb::builder(opts).stage(Arc::clone(&stage)).open(dir.path()).unwrap();
     load(&db, 500, 20);

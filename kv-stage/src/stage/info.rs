@@ -228,16 +228,17 @@ impl StageInfo {
     /// Objects that requests of `ctx` (of its members too, when it is a
     /// class) from `instance` reach.
     pub fn objects_serving(&self, ctx: RequestContext, instance: InstanceId) -> Vec<(String, String)> {
+        // A context's row for this instance, else its row for "any other".
+        let named = |c: RequestContext| self.coverage.iter().any(|r| r.context == c && r.instance == Some(instance));
         let mut out: Vec<(String, String)> = Vec::new();
-        let mut contexts: Vec<RequestContext> = self.coverage.iter().map(|c| c.context).collect();
-        contexts.dedup();
-        for member in contexts.into_iter().filter(|m| ctx.covers(*m)) {
-            let find = |i: Option<InstanceId>| self.coverage.iter().find(|c| c.context == member && c.instance == i);
-            if let Some(c) = find(Some(instance)).or_else(|| find(None)) {
-                for o in &c.objects {
-                    if !out.contains(o) {
-                        out.push(o.clone());
-                    }
+        for row in self.coverage.iter().filter(|r| ctx.covers(r.context)) {
+            let applies = match row.instance {
+                Some(i) => i == instance,
+                None => !named(row.context),
+            };
+            for o in row.objects.iter().filter(|_| applies) {
+                if !out.contains(o) {
+                    out.push(o.clone());
                 }
             }
         }
