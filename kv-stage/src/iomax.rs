@@ -107,29 +107,145 @@ impl IoMax {
     /// Parses `key=value` pairs separated by spaces or commas. Each key at
     /// most once; an empty line is [`IoMax::UNLIMITED`].
     pub fn parse(s: &str) -> Result<IoMax, IoMaxError> {
-        let mut out = IoMax::default();
-        let mut seen = [false; 4];
-        for token in s.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
-            let (k, v) =
-                token.split_once('=').ok_or_else(|| bad(token, "is not key=value (keys: rbps, wbps, riops, wiops)"))?;
-            let k = k.trim();
-            let i = KEYS
-                .iter()
-                .position(|&key| key == k)
-                .ok_or_else(|| bad(k, "unknown key (keys: rbps, wbps, riops, wiops)"))?;
-            if std::mem::replace(&mut seen[i], true) {
-                return Err(bad(k, "given twice"));
-            }
-            let v = value(k, v, i < 2)?;
-            match i {
-                0 => out.rbps = v,
-                1 => out.wbps = v,
-                2 => out.riops = v,
-                _ => out.wiops = v,
+        let [rbps, wbps, riops, wiops] = parse_keys(s)?.map(Option::flatten);
+        Ok(IoMax { rbps, wbps, riops, wiops })
+    }
+}
+
+/// The keys a line sets, in the kernel's order: `None` where the key is
+/// absent, `Some(None)` where it is `max`. The kernel reads a write to
+/// `io.max` this way: absent keys keep their limit.
+pub(crate) fn parse_keys(s: &str) -> Result<[Option<Option<u64>>; 4], IoMaxError> {
+    let mut out = [None; 4];
+    for token in s.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
+        let (k, v) =
+            token.split_once('=').ok_or_else(|| bad(token, "is not key=value (keys: rbps, wbps, riops, wiops)"))?;
+        let k = k.trim();
+        let i = KEYS
+            .iter()
+            .position(|&key| key == k)
+            .ok_or_else(|| bad(k, "unknown key (keys: rbps, wbps, riops, wiops)"))?;
+        if out[i].is_some() {
+            return Err(bad(k, "given twice"));
+        }
+        out[i] = Some(value(k, v, i < 2)?);
+    }
+    Ok(out)
+}
+
+/// What an `io.max` line is about: a block device by `MAJ:MIN`, or a volume
+/// by name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// A block device, `MAJ:MIN`.
+    Device {
+        /// Major number.
+        major: u32,
+        /// Minor number.
+        minor: u32,
+    },
+    /// A volume of a rules file, by name.
+    Volume(String),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Device { major, minor } => write!(f, "{major}:{minor}"),
+            Target::Volume(v) => f.write_str(v),
+        }
+    }
+}
+
+impl Target {
+    /// `MAJ:MIN` is a device; anything else that is a valid volume name
+    /// (letters, digits, `_`, `-`, `.`, `/`) is a volume.
+    pub fn parse(s: &str) -> Result<Target, IoMaxError> {
+        if let Some((a, b)) = s.split_once(':') {
+            return match (a.parse(), b.parse()) {
+                (Ok(major), Ok(minor)) => Ok(Target::Device { major, minor }),
+                _ => Err(bad(s, "is not MAJ:MIN (two numbers, such as 254:0)")),
+            };
+        }
+        if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c)) {
+            return Err(bad(s, "is not a volume name (letters, digits, '_', '-', '.', '/') or MAJ:MIN"));
+        }
+        Ok(Target::Volume(s.to_owned()))
+    }
+}
+
+/// One line of an `io.max` file: a target and the keys it sets, such as
+/// `254:0 wbps=4194304` or `db rbps=max wbps=8MiB`. As in the kernel, keys a
+/// line leaves out keep their current limit when the line is applied; the
+/// line's `Display` prints only the keys it sets.
+///
+/// ```
+/// use kv_stage::iomax::{IoMaxLine, Target};
+/// let l: IoMaxLine = "254:0 wbps=4MiB riops=max".parse().unwrap();
+/// assert_eq!(l.target, Target::Device { major: 254, minor: 0 });
+/// assert_eq!(l.to_string(), "254:0 wbps=4194304 riops=max");
+/// assert!("db wbps=-1".parse::<IoMaxLine>().unwrap_err().to_string().starts_with("wbps:"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IoMaxLine {
+    /// What the line limits.
+    pub target: Target,
+    /// `rbps`, `wbps`, `riops`, `wiops`: `None` where the line leaves the
+    /// key out, `Some(None)` where it says `max`.
+    pub keys: [Option<Option<u64>>; 4],
+}
+
+impl IoMaxLine {
+    /// The limits the line leaves after it is applied to `current`.
+    pub fn applied_to(&self, current: IoMax) -> IoMax {
+        let mut v = [current.rbps, current.wbps, current.riops, current.wiops];
+        for (slot, key) in v.iter_mut().zip(self.keys) {
+            if let Some(k) = key {
+                *slot = k;
             }
         }
-        Ok(out)
+        let [rbps, wbps, riops, wiops] = v;
+        IoMax { rbps, wbps, riops, wiops }
     }
+
+    /// A line setting every key to `limits`.
+    pub fn full(target: Target, limits: IoMax) -> IoMaxLine {
+        IoMaxLine { target, keys: [Some(limits.rbps), Some(limits.wbps), Some(limits.riops), Some(limits.wiops)] }
+    }
+}
+
+impl FromStr for IoMaxLine {
+    type Err = IoMaxError;
+    fn from_str(s: &str) -> Result<Self, IoMaxError> {
+        let s = s.trim();
+        let (target, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));
+        Ok(IoMaxLine { target: Target::parse(target)?, keys: parse_keys(rest)? })
+    }
+}
+
+impl fmt::Display for IoMaxLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.target)?;
+        write_keys(f, &self.keys, true)
+    }
+}
+
+/// Writes the keys that are set, each after a space (or the first without
+/// one when `leading_space` is false).
+pub(crate) fn write_keys(f: &mut impl fmt::Write, keys: &[Option<Option<u64>>; 4], leading_space: bool) -> fmt::Result {
+    let mut first = !leading_space;
+    for (k, v) in KEYS.iter().zip(keys) {
+        let Some(v) = v else { continue };
+        if !first {
+            f.write_char(' ')?;
+        }
+        first = false;
+        match v {
+            Some(n) => write!(f, "{k}={n}")?,
+            None => write!(f, "{k}=max")?,
+        }
+    }
+    Ok(())
 }
 
 impl FromStr for IoMax {
@@ -142,16 +258,7 @@ impl FromStr for IoMax {
 impl fmt::Display for IoMax {
     /// The kernel's own form: every key, `max` where unlimited.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (k, v)) in self.entries().into_iter().enumerate() {
-            if i > 0 {
-                f.write_str(" ")?;
-            }
-            match v {
-                Some(n) => write!(f, "{k}={n}")?,
-                None => write!(f, "{k}=max")?,
-            }
-        }
-        Ok(())
+        write_keys(f, &[Some(self.rbps), Some(self.wbps), Some(self.riops), Some(self.wiops)], false)
     }
 }
 

@@ -81,6 +81,7 @@ pub use objects::{
 };
 /// The importer of the original Paio text rules.
 pub use rules::paio;
+pub use rules::volumes::{self, Volume, VolumeSelector};
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{
     ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, DEFAULT_CHANNEL,

@@ -125,7 +125,7 @@ pub enum RateUnit {
 /// A rate: bytes/s or ops/s, finite and non-negative, or unlimited.
 ///
 /// Text forms: `"64MiB/s"`, `"12MB/s"`, `"1000ops/s"`, `"1000iops"`,
-/// `"unlimited"`. A bare number or quantity (`4096`, `"8Mi"`) means bytes per
+/// `"unlimited"` (or `"max"`, as in `io.max`). A bare number or quantity (`4096`, `"8Mi"`) means bytes per
 /// second. `0` is a valid rate and
 /// means *closed*: requests wait until the rate changes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -185,7 +185,7 @@ impl FromStr for Rate {
 
     fn from_str(s: &str) -> Result<Self, UnitError> {
         let t = s.trim();
-        if t.eq_ignore_ascii_case("unlimited") {
+        if t.eq_ignore_ascii_case("unlimited") || t == "max" {
             return Ok(Rate::UNLIMITED);
         }
         if t.eq_ignore_ascii_case("unlimited ops/s") || t.eq_ignore_ascii_case("unlimited_ops") {

@@ -154,7 +154,7 @@ fn example_rules_files_load() {
     assert_eq!(stage.select(&ctx.in_context(C::FOREGROUND)).1.as_deref(), Some("vol1/limits"));
     match stage.object("vol0", "limits").unwrap().spec() {
         Some(ObjectSpec::Qos(q)) => {
-            assert!(q.wbps.is_none(), "the configure rule lifted the write limit");
+            assert_eq!(q.io_max().wbps, None, "the configure rule lifted the write limit");
             assert_eq!(q.riops.unwrap().per_sec(), 200.0);
         }
         other => panic!("{other:?}"),

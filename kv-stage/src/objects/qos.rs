@@ -7,7 +7,6 @@
 //! (open, close, rename, metadata) pass. A request waits for its bandwidth
 //! limit, then for its IOPS limit.
 
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,39 +17,153 @@ use super::drl::check_period;
 use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
+use crate::iomax::{IoMax, IoMaxLine, KEYS, parse_keys, write_keys};
 use crate::units::{Rate, RateUnit};
 
 /// Spec of a [`Qos`] object.
 ///
+/// Limits are written as in the kernel's `io.max` (`limits`), or one key
+/// per field; `max` (or `"unlimited"`) is no limit, and a key not given is
+/// no limit too:
+///
 /// ```toml
 /// kind = "qos"
-/// rbps = "8Mi"     # read bytes/s ("8Mi" = 8 MiB/s, LINSTOR style)
-/// wbps = "4MiB/s"  # write bytes/s
-/// riops = 200      # read ops/s
-/// wiops = 100      # write ops/s
+/// limits = "rbps=8MiB wbps=4194304 riops=200 wiops=max"
+/// # the same, one field per key:
+/// # rbps = "8Mi"; wbps = "4MiB/s"; riops = 200; wiops = "max"
+/// refill_period = "10ms"  # burst of each limit: this period's worth (default 10 ms)
 /// ```
+///
+/// A spec is shown (serialized) in `io.max` form, with the keys it sets:
+/// `limits = "rbps=8388608 wbps=4194304 riops=200 wiops=max"`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "QosSpecFields", into = "QosSpecShown")]
 pub struct QosSpec {
-    /// Read bandwidth limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Read bandwidth limit (`None`: not set; an unlimited rate: `max`).
     pub rbps: Option<Rate>,
     /// Write bandwidth limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wbps: Option<Rate>,
     /// Read operations per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub riops: Option<Rate>,
     /// Write operations per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wiops: Option<Rate>,
     /// Burst of each limit, as a period's worth of its rate (default 10 ms).
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
     pub refill_period: Option<Duration>,
 }
 
+/// The fields a QoS spec or change may be written with.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QosSpecFields {
+    #[serde(default, alias = "io_max")]
+    limits: Option<String>,
+    #[serde(default)]
+    rbps: Option<Rate>,
+    #[serde(default)]
+    wbps: Option<Rate>,
+    #[serde(default)]
+    riops: Option<Rate>,
+    #[serde(default)]
+    wiops: Option<Rate>,
+    #[serde(default, with = "crate::units::opt_duration_str")]
+    refill_period: Option<Duration>,
+}
+
+impl TryFrom<QosSpecFields> for QosSpec {
+    type Error = String;
+    fn try_from(f: QosSpecFields) -> Result<Self, String> {
+        let mut keys = [f.rbps, f.wbps, f.riops, f.wiops];
+        if let Some(line) = &f.limits {
+            let parsed = parse_keys(line).map_err(|e| format!("limits: {e}"))?;
+            for (i, (slot, v)) in keys.iter_mut().zip(parsed).enumerate() {
+                let Some(v) = v else { continue };
+                if slot.is_some() {
+                    return Err(format!("{}: given both in `limits` and as its own field", KEYS[i]));
+                }
+                let unit = if i < 2 { RateUnit::Bytes } else { RateUnit::Ops };
+                *slot = Some(match v {
+                    Some(n) => Rate::new(n as f64, unit).map_err(|e| format!("{}: {e}", KEYS[i]))?,
+                    None => Rate::unlimited(unit),
+                });
+            }
+        }
+        let [rbps, wbps, riops, wiops] = keys;
+        Ok(QosSpec { rbps, wbps, riops, wiops, refill_period: f.refill_period }.normalized())
+    }
+}
+
+/// How a QoS spec is shown: its keys in `io.max` syntax.
+#[derive(Serialize)]
+struct QosSpecShown {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", with = "crate::units::opt_duration_str")]
+    refill_period: Option<Duration>,
+}
+
+impl From<QosSpec> for QosSpecShown {
+    fn from(s: QosSpec) -> Self {
+        let keys = s.keys();
+        let limits = keys.iter().any(Option::is_some).then(|| {
+            let mut line = String::new();
+            let _ = write_keys(&mut line, &keys, false);
+            line
+        });
+        QosSpecShown { limits, refill_period: s.refill_period }
+    }
+}
+
+/// A limit in whole units, as the kernel takes it (`None`: `max`).
+fn whole(r: Rate) -> Option<u64> {
+    (!r.is_unlimited()).then(|| r.per_sec().round() as u64)
+}
+
 impl QosSpec {
-    /// Checks the spec: bandwidth limits in bytes, IOPS limits as counts.
+    /// A spec with every key set from kernel-style limits (unset: `max`).
+    pub fn from_io_max(limits: IoMax) -> QosSpec {
+        let b = |v: Option<u64>| {
+            Some(v.map_or(Rate::UNLIMITED, |n| Rate::bytes_per_sec(n as f64).unwrap_or(Rate::UNLIMITED)))
+        };
+        let o = |v: Option<u64>| {
+            Some(v.map_or(Rate::unlimited(RateUnit::Ops), |n| {
+                Rate::ops_per_sec(n as f64).unwrap_or(Rate::unlimited(RateUnit::Ops))
+            }))
+        };
+        QosSpec {
+            rbps: b(limits.rbps),
+            wbps: b(limits.wbps),
+            riops: o(limits.riops),
+            wiops: o(limits.wiops),
+            refill_period: None,
+        }
+    }
+
+    /// A change setting exactly the keys an `io.max` line sets (the others
+    /// keep their limit, as in the kernel).
+    pub fn from_line(line: &IoMaxLine) -> QosSpec {
+        let b = |v: Option<Option<u64>>| {
+            v.map(|v| QosSpec::from_io_max(IoMax { rbps: v, ..IoMax::UNLIMITED }).rbps.unwrap_or(Rate::UNLIMITED))
+        };
+        let o = |v: Option<Option<u64>>| {
+            v.map(|v| QosSpec::from_io_max(IoMax { riops: v, ..IoMax::UNLIMITED }).riops.unwrap_or(Rate::UNLIMITED))
+        };
+        let [rbps, wbps, riops, wiops] = line.keys;
+        QosSpec { rbps: b(rbps), wbps: b(wbps), riops: o(riops), wiops: o(wiops), refill_period: None }
+    }
+
+    /// The limits, kernel-style (a key not set is unlimited).
+    pub fn io_max(&self) -> IoMax {
+        let [rbps, wbps, riops, wiops] = self.keys().map(Option::flatten);
+        IoMax { rbps, wbps, riops, wiops }
+    }
+
+    /// The keys as an `io.max` line has them: `None` not set, `Some(None)` max.
+    fn keys(&self) -> [Option<Option<u64>>; 4] {
+        [self.rbps, self.wbps, self.riops, self.wiops].map(|r| r.map(whole))
+    }
+
+    /// Checks the spec: bandwidth limits in bytes, IOPS limits as counts,
+    /// each at least 1 per second (as the kernel takes them) or unlimited.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (field, r) in [("rbps", self.rbps), ("wbps", self.wbps)] {
             if let Some(r) = r
@@ -60,24 +173,23 @@ impl QosSpec {
                 return Err(ConfigError::new(field, "is a bandwidth limit; give bytes per second such as \"8Mi\""));
             }
         }
+        for (field, r) in KEYS.iter().zip([self.rbps, self.wbps, self.riops, self.wiops]) {
+            if let Some(r) = r
+                && r.per_sec() < 1.0
+            {
+                return Err(ConfigError::new(
+                    *field,
+                    format!("{} is below 1/s; a limit is at least 1 per second, or \"max\"", r.per_sec()),
+                ));
+            }
+        }
         check_period(self.refill_period)
     }
 
     /// The cgroup v2 `io.max` line for a device, e.g.
     /// `8:0 rbps=8388608 wbps=max riops=200 wiops=max`.
     pub fn io_max_line(&self, major: u32, minor: u32) -> String {
-        let mut s = format!("{major}:{minor}");
-        for (k, v) in [("rbps", self.rbps), ("wbps", self.wbps), ("riops", self.riops), ("wiops", self.wiops)] {
-            match v {
-                Some(r) if !r.is_unlimited() => {
-                    let _ = write!(s, " {k}={}", r.per_sec().round() as u64);
-                }
-                _ => {
-                    let _ = write!(s, " {k}=max");
-                }
-            }
-        }
-        s
+        format!("{major}:{minor} {}", self.io_max())
     }
 
     /// IOPS limits are counts whatever unit they were written in.
@@ -105,11 +217,13 @@ impl QosSpec {
     }
 }
 
-/// A configuration change of a QoS object has the spec's own fields: any
-/// of the four limits (`"unlimited"` removes one) and the refill period,
-/// e.g. `set = { wbps = "4Mi", riops = 200 }`.
+/// A configuration change of a QoS object has the spec's own fields: an
+/// `io.max` line (`set = { limits = "wbps=8MiB riops=max" }`), or any of the
+/// four limits as fields (`set = { wbps = "4Mi", riops = 200 }`), and the
+/// refill period. As when writing to the kernel's `io.max`, a key the change
+/// leaves out keeps its limit, and `max` removes one.
 impl Settings for QosSpec {
-    const FIELDS: &'static [&'static str] = &["rbps", "wbps", "riops", "wiops", "refill_period"];
+    const FIELDS: &'static [&'static str] = &["limits", "io_max", "rbps", "wbps", "riops", "wiops", "refill_period"];
 }
 
 fn bytes_limit(r: Option<Rate>) -> f64 {
@@ -200,8 +314,10 @@ impl EnforcementObject for Qos {
         Ok(Outcome { waited: a + b })
     }
 
+    /// Every key, `max` where there is no limit, as the kernel shows `io.max`.
     fn spec(&self) -> Option<ObjectSpec> {
-        Some(ObjectSpec::Qos(self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone()))
+        let s = self.spec.lock().unwrap_or_else(|e| e.into_inner());
+        Some(ObjectSpec::Qos(QosSpec { refill_period: s.refill_period, ..QosSpec::from_io_max(s.io_max()) }))
     }
 
     fn stats(&self) -> ObjectStats {
@@ -267,9 +383,11 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(99), "{:?}", t.elapsed());
         // Lift the limit live.
         q.configure(&QosSpec { wiops: Some(Rate::UNLIMITED), ..Default::default() }.into());
+        let Some(ObjectSpec::Qos(shown)) = q.spec() else { panic!() };
+        assert_eq!(shown.io_max(), IoMax::UNLIMITED);
         assert_eq!(
-            q.spec(),
-            Some(ObjectSpec::Qos(QosSpec { refill_period: Some(Duration::from_millis(10)), ..Default::default() }))
+            toml::to_string(&ObjectSpec::Qos(shown)).unwrap(),
+            "kind = \"qos\"\nlimits = \"rbps=max wbps=max riops=max wiops=max\"\nrefill_period = \"10ms\"\n"
         );
     }
 }

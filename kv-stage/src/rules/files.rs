@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::volumes::{self, Volume, VolumeTable};
 use super::{RULES_VERSION, Rule, RuleEntry, RuleSet};
 use crate::context::ContextReservation;
 use crate::error::{Error, Location, Result};
@@ -69,7 +70,25 @@ struct TomlFile {
     #[serde(default)]
     contexts: Vec<String>,
     #[serde(default)]
+    volumes: Vec<toml::Spanned<toml::Table>>,
+    #[serde(default)]
     rules: Vec<toml::Spanned<toml::Table>>,
+}
+
+/// Builds the volumes of a file and the rules that make them (which come
+/// before the file's own rules, so those can refer to the volumes).
+fn build_volumes(tables: Vec<(Location, serde_json::Value)>) -> Result<(Vec<Volume>, Vec<RuleEntry>)> {
+    let mut volumes = Vec::with_capacity(tables.len());
+    let mut file_volumes = 0u16;
+    for (location, value) in tables {
+        let table: VolumeTable =
+            serde_json::from_value(value).map_err(|e| Error::rule(&location, Some("volumes"), e.to_string()))?;
+        volumes.push(table.build(location, &mut file_volumes)?);
+    }
+    volumes::check_unique(&volumes)?;
+    let rules =
+        volumes.iter().flat_map(|v| v.rules().map(|rule| RuleEntry { rule, location: v.location.clone() })).collect();
+    Ok((volumes, rules))
 }
 
 pub(super) fn parse_toml(text: &str, source: Option<Arc<str>>) -> Result<RuleSet> {
@@ -79,9 +98,17 @@ pub(super) fn parse_toml(text: &str, source: Option<Arc<str>>) -> Result<RuleSet
     })?;
     check_version(file.version, &source)?;
     let declared = declare_contexts(&file.contexts, &source)?;
-    let rules = declared.scope(|| -> Result<Vec<RuleEntry>> {
+    let (volumes, rules) = declared.scope(|| -> Result<(Vec<Volume>, Vec<RuleEntry>)> {
+        let mut tables = Vec::with_capacity(file.volumes.len());
+        for (index, spanned) in file.volumes.into_iter().enumerate() {
+            let location =
+                Location { source: source.clone(), line: Some(line_of(text, spanned.span().start)), index, id: None };
+            let json = serde_json::to_value(spanned.into_inner())
+                .map_err(|e| Error::rule(&location, Some("volumes"), e.to_string()))?;
+            tables.push((location, json));
+        }
+        let (volumes, mut rules) = build_volumes(tables)?;
         let mut seen = HashMap::new();
-        let mut rules = Vec::with_capacity(file.rules.len());
         for (index, spanned) in file.rules.into_iter().enumerate() {
             let line = line_of(text, spanned.span().start);
             let location = Location { source: source.clone(), line: Some(line), index, id: None };
@@ -90,9 +117,9 @@ pub(super) fn parse_toml(text: &str, source: Option<Arc<str>>) -> Result<RuleSet
             let serde_json::Value::Object(map) = json else { unreachable!("a TOML table is a JSON object") };
             rules.push(entry_from_map(map, location, &mut seen)?);
         }
-        Ok(rules)
+        Ok((volumes, rules))
     })?;
-    Ok(RuleSet { rules, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
+    Ok(RuleSet { rules, volumes, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
 }
 
 #[derive(Deserialize)]
@@ -102,6 +129,8 @@ struct JsonFile<'a> {
     #[serde(default)]
     contexts: Vec<String>,
     #[serde(default, borrow)]
+    volumes: Vec<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
     rules: Vec<&'a serde_json::value::RawValue>,
 }
 
@@ -110,10 +139,18 @@ pub(super) fn parse_json(text: &str, source: Option<Arc<str>>) -> Result<RuleSet
         serde_json::from_str(text).map_err(|e| file_error(&source, Some(e.line()), None, e.to_string()))?;
     check_version(file.version, &source)?;
     let declared = declare_contexts(&file.contexts, &source)?;
-    let rules = declared.scope(|| -> Result<Vec<RuleEntry>> {
+    let base = text.as_ptr() as usize;
+    let (volumes, rules) = declared.scope(|| -> Result<(Vec<Volume>, Vec<RuleEntry>)> {
+        let mut tables = Vec::with_capacity(file.volumes.len());
+        for (index, raw) in file.volumes.into_iter().enumerate() {
+            let offset = (raw.get().as_ptr() as usize).saturating_sub(base);
+            let location = Location { source: source.clone(), line: Some(line_of(text, offset)), index, id: None };
+            let value: serde_json::Value =
+                serde_json::from_str(raw.get()).map_err(|e| Error::rule(&location, Some("volumes"), e.to_string()))?;
+            tables.push((location, value));
+        }
+        let (volumes, mut rules) = build_volumes(tables)?;
         let mut seen = HashMap::new();
-        let mut rules = Vec::with_capacity(file.rules.len());
-        let base = text.as_ptr() as usize;
         for (index, raw) in file.rules.into_iter().enumerate() {
             // A borrowed RawValue is a slice of `text`: its address gives its line.
             let offset = (raw.get().as_ptr() as usize).saturating_sub(base);
@@ -125,7 +162,7 @@ pub(super) fn parse_json(text: &str, source: Option<Arc<str>>) -> Result<RuleSet
             };
             rules.push(entry_from_map(map, location, &mut seen)?);
         }
-        Ok(rules)
+        Ok((volumes, rules))
     })?;
-    Ok(RuleSet { rules, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
+    Ok(RuleSet { rules, volumes, warnings: Vec::new(), contexts: vec![Arc::new(declared)] })
 }

@@ -20,6 +20,7 @@ use crate::error::{Error, Location, Result};
 
 mod files;
 pub mod paio;
+pub mod volumes;
 use crate::matching::Match;
 use crate::objects::{ObjectConfig, ObjectSpec};
 
@@ -205,6 +206,8 @@ pub struct RuleEntry {
 pub struct RuleSet {
     /// The rules, in order.
     pub rules: Vec<RuleEntry>,
+    /// The volumes the files declared (their rules are in `rules`).
+    pub volumes: Vec<volumes::Volume>,
     /// Non-fatal remarks.
     pub warnings: Vec<String>,
     /// Contexts declared by the files the rules came from.
@@ -215,7 +218,7 @@ impl PartialEq for RuleSet {
     /// Rules and warnings; where their declared contexts are reserved does
     /// not matter.
     fn eq(&self, other: &Self) -> bool {
-        self.rules == other.rules && self.warnings == other.warnings
+        self.rules == other.rules && self.volumes == other.volumes && self.warnings == other.warnings
     }
 }
 
@@ -262,6 +265,7 @@ impl RuleSet {
                 .enumerate()
                 .map(|(index, rule)| RuleEntry { rule, location: Location { index, ..Location::default() } })
                 .collect(),
+            volumes: Vec::new(),
             warnings: Vec::new(),
             contexts: Vec::new(),
         }
@@ -281,6 +285,7 @@ impl RuleSet {
             e.location.index += base;
             e
         }));
+        self.volumes.extend(other.volumes);
         self.warnings.extend(other.warnings);
         self.contexts.extend(other.contexts);
     }
