@@ -1,0 +1,328 @@
+//! The library's state: the rules, the in-process stage they build, the
+//! file volumes descriptors are classified into, and what keeps them right
+//! across reloads and forks.
+//!
+//! The state is built once at load (or again in a forked child) and never
+//! freed: a hook may hold a reference to it at any time, and a state left
+//! behind by a fork may have a lock held by a thread that no longer exists.
+
+use std::ffi::{OsStr, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use kv_stage::iomax::IoMaxLine;
+use kv_stage::iomax::Target;
+use kv_stage::{Context, RequestType, RuleSet, Stage, Volume, VolumeSelector};
+
+use crate::fdtable;
+
+/// Exit status when the rules cannot be used and pass-through was not asked
+/// for: `EX_CONFIG` of `sysexits.h`.
+pub(crate) const EXIT_CONFIG: c_int = 78;
+
+pub(crate) struct State {
+    /// The stage every classified request goes through (reachable for a
+    /// control plane: [`stage`]).
+    stage: Arc<Stage>,
+    /// Path and device volumes, 1-based slot = index + 1, with paths made
+    /// canonical (the kernel's `/proc/self/fd` links are canonical).
+    volumes: Vec<Volume>,
+    has_paths: bool,
+    has_devices: bool,
+    /// The rules as last applied, to rebuild the stage in a forked child.
+    rules: Mutex<RuleSet>,
+    /// The rules file.
+    source: PathBuf,
+}
+
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+/// Set at load and in a forked child: the reload watcher is started by the
+/// first classified request of the process.
+static NEED_WATCHER: AtomicBool = AtomicBool::new(true);
+/// Held while a reload applies and across `fork` (prepare to parent/child),
+/// so a child never inherits a half-applied reload.
+static RELOAD: AtomicBool = AtomicBool::new(false);
+
+fn state() -> Option<&'static State> {
+    let p = STATE.load(Ordering::Acquire);
+    // SAFETY: a non-null STATE points to a leaked Box<State> that is never
+    // freed, so a 'static shared reference is valid.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The stage the library enforces through, once the rules loaded.
+#[allow(dead_code)] // Kept reachable for a control plane (issue: remote controller).
+pub(crate) fn stage() -> Option<Arc<Stage>> {
+    state().map(|s| Arc::clone(&s.stage))
+}
+
+fn lock_reload() {
+    while RELOAD.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        std::thread::yield_now();
+    }
+}
+
+fn unlock_reload() {
+    RELOAD.store(false, Ordering::Release);
+}
+
+impl State {
+    fn build(rules: RuleSet, source: PathBuf) -> Result<State, String> {
+        let stage = Arc::new(Stage::new("kvsds-preload"));
+        stage.apply(&rules).map_err(|e| e.to_string())?;
+        let volumes: Vec<Volume> = rules
+            .volumes
+            .iter()
+            .filter(|v| matches!(v.selector, VolumeSelector::Path(_) | VolumeSelector::Device { .. }))
+            .map(|v| {
+                let mut v = v.clone();
+                if let VolumeSelector::Path(p) = &v.selector
+                    && let Ok(c) = std::fs::canonicalize(p)
+                {
+                    v.selector = VolumeSelector::Path(c);
+                }
+                v
+            })
+            .collect();
+        if volumes.len() >= u16::MAX as usize {
+            return Err(format!("{}: too many path and device volumes ({})", source.display(), volumes.len()));
+        }
+        Ok(State {
+            stage,
+            has_paths: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Path(_))),
+            has_devices: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Device { .. })),
+            volumes,
+            rules: Mutex::new(rules),
+            source,
+        })
+    }
+}
+
+/// Loads `KVSDS_RULES` at library load. A file that cannot be used stops
+/// the program with one line on stderr, unless `KVSDS_ON_ERROR=passthrough`.
+pub(crate) fn init() {
+    let Some(path) = std::env::var_os("KVSDS_RULES") else {
+        eprintln!("kvsds-preload: KVSDS_RULES is not set; no volume is limited");
+        return;
+    };
+    let path = PathBuf::from(path);
+    let built = RuleSet::load(&path).map_err(|e| e.to_string()).and_then(|rules| State::build(rules, path.clone()));
+    match built {
+        Ok(state) => {
+            STATE.store(Box::into_raw(Box::new(state)), Ordering::Release);
+            // SAFETY: registers plain `extern "C" fn()` handlers that live as
+            // long as the library (it is never unloaded: it is preloaded).
+            unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child)) };
+            classify_open_descriptors();
+        }
+        Err(msg) => refuse(&msg),
+    }
+}
+
+fn refuse(msg: &str) {
+    if std::env::var_os("KVSDS_ON_ERROR").as_deref() == Some(OsStr::new("passthrough")) {
+        eprintln!("kvsds-preload: {msg}; KVSDS_ON_ERROR=passthrough: running WITHOUT limits");
+        return;
+    }
+    eprintln!(
+        "kvsds-preload: {msg} (not started: fix the rules, or set KVSDS_ON_ERROR=passthrough to run without limits)"
+    );
+    // SAFETY: ends the process at once, before main; nothing to unwind.
+    unsafe { libc::_exit(EXIT_CONFIG) };
+}
+
+/// Descriptors open before the library loaded (inherited through exec).
+fn classify_open_descriptors() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return };
+    let fds: Vec<c_int> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    for fd in fds {
+        classify(fd);
+    }
+}
+
+/// Major and minor numbers of a `dev_t` (glibc's encoding).
+fn major_minor(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    (major as u32, minor as u32)
+}
+
+/// Records which volume a descriptor just opened belongs to: the path
+/// volume with the longest prefix of its canonical path, else the volume of
+/// its device. No allocation: the path is read into a stack buffer.
+pub(crate) fn classify(fd: c_int) {
+    let Some(st) = state() else {
+        fdtable::set(fd, 0);
+        return;
+    };
+    if st.volumes.is_empty() {
+        return;
+    }
+    let mut found = 0u16;
+    if st.has_paths {
+        let mut link = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
+        let mut digits = [0u8; 10];
+        let mut n = fd.unsigned_abs();
+        let mut len = 0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for (i, d) in digits[..len].iter().rev().enumerate() {
+            link[14 + i] = *d;
+        }
+        let mut buf = [0u8; 4096];
+        // SAFETY: `link` is NUL-terminated (its tail is zeros); `buf` is
+        // writable for its length.
+        let got = unsafe { libc::readlink(link.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
+        if got > 0 {
+            let path = &buf[..got as usize];
+            let mut best = 0;
+            for (i, v) in st.volumes.iter().enumerate() {
+                if let VolumeSelector::Path(p) = &v.selector
+                    && v.holds_path(path)
+                    && p.as_os_str().len() >= best
+                {
+                    best = p.as_os_str().len();
+                    found = i as u16 + 1;
+                }
+            }
+        }
+    }
+    if found == 0 && st.has_devices {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut sb: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `sb` is a valid out-parameter.
+        if unsafe { libc::fstat(fd, &mut sb) } == 0 {
+            let dev = if sb.st_mode & libc::S_IFMT == libc::S_IFBLK { sb.st_rdev } else { sb.st_dev };
+            let (major, minor) = major_minor(dev);
+            if let Some(i) = st.volumes.iter().position(|v| v.holds_device(major, minor)) {
+                found = i as u16 + 1;
+            }
+        }
+    }
+    fdtable::set(fd, found);
+}
+
+/// Enforces one request of a classified descriptor. `Err` means the stage
+/// refused it: the hook fails the call with `EIO` and does not do it.
+#[inline]
+pub(crate) fn enforce(volume: u16, t: RequestType, size: u64) -> Result<(), ()> {
+    let Some(st) = state() else { return Ok(()) };
+    if NEED_WATCHER.load(Ordering::Relaxed) && NEED_WATCHER.swap(false, Ordering::Relaxed) {
+        start_watcher();
+    }
+    let Some(instance) = st.volumes.get(volume as usize - 1).and_then(|v| v.instance) else { return Ok(()) };
+    let ctx = Context::new(t, size).in_instance(instance);
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.stage.enforce(&ctx))) {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(()),
+    }
+}
+
+extern "C" fn before_fork() {
+    lock_reload();
+}
+
+extern "C" fn after_fork_parent() {
+    unlock_reload();
+}
+
+/// The child gets a stage of its own with the same rules (the parent's may
+/// have a lock held by a thread the child does not have), and starts its own
+/// reload watcher with its first classified request.
+extern "C" fn after_fork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(st) = state() {
+            let rules = st.rules.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match State::build(rules, st.source.clone()) {
+                Ok(new) => STATE.store(Box::into_raw(Box::new(new)), Ordering::Release),
+                Err(e) => eprintln!("kvsds-preload: forked child keeps its parent's stage: {e}"),
+            }
+            NEED_WATCHER.store(true, Ordering::Relaxed);
+        }
+    });
+    unlock_reload();
+}
+
+/// How often the rules file is checked for changes: `KVSDS_RELOAD_MS`
+/// (default 100; 0 turns live reload off).
+fn reload_interval() -> Option<Duration> {
+    let ms = std::env::var("KVSDS_RELOAD_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(100);
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+fn start_watcher() {
+    let (Some(st), Some(every)) = (state(), reload_interval()) else { return };
+    let path = st.source.clone();
+    let mut last = fingerprint(&path);
+    let spawned = std::thread::Builder::new().name("kvsds-reload".into()).spawn(move || {
+        loop {
+            std::thread::sleep(every);
+            let now = fingerprint(&path);
+            if now.is_some() && now != last {
+                last = now;
+                lock_reload();
+                let r = std::panic::catch_unwind(|| reload(&path));
+                unlock_reload();
+                match r {
+                    Ok(Ok(msg)) => eprintln!("kvsds-preload: {}: {msg}", path.display()),
+                    Ok(Err(msg)) => {
+                        eprintln!("kvsds-preload: {}: not reloaded, limits unchanged: {msg}", path.display())
+                    }
+                    Err(_) => eprintln!("kvsds-preload: {}: reload failed, limits unchanged", path.display()),
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        eprintln!("kvsds-preload: no live reload: cannot start its thread: {e}");
+    }
+}
+
+/// Applies the limits of a changed rules file: all volumes at once or none.
+/// Only limits change live; volumes added, removed or moved, or changed
+/// rules, need a restart (descriptors are classified at open).
+fn reload(path: &Path) -> Result<String, String> {
+    let st = state().ok_or("no state")?;
+    let new = RuleSet::load(path).map_err(|e| e.to_string())?;
+    let mut current = st.rules.lock().unwrap_or_else(|e| e.into_inner());
+    let same_volumes = new.volumes.len() == current.volumes.len()
+        && new.volumes.iter().zip(&current.volumes).all(|(a, b)| a.name == b.name && a.selector == b.selector);
+    if !same_volumes {
+        return Err("volumes were added, removed or moved; restart the program to use them".into());
+    }
+    let skip = 2 * new.volumes.len();
+    let rules_of = |s: &RuleSet| s.rules.iter().skip(skip).map(|e| e.rule.clone()).collect::<Vec<_>>();
+    if rules_of(&new) != rules_of(&current) {
+        return Err("rules other than volume limits changed; restart the program to use them".into());
+    }
+    let changes = new.volumes.iter().map(|v| {
+        let mut c = Volume::limit_rule(&IoMaxLine::full(Target::Volume(v.name.clone()), v.limits));
+        if let kv_stage::Rule::Configure { set, .. } = &mut c
+            && let Some(p) = v.refill_period
+        {
+            *set = std::mem::take(set).with("refill_period", humantime(p));
+        }
+        c
+    });
+    st.stage.apply_rules(changes).map_err(|e| e.to_string())?;
+    let shown: Vec<String> = new.volumes.iter().map(|v| format!("{} {}", v.name, v.limits)).collect();
+    *current = new;
+    Ok(format!("limits reloaded: {}", shown.join("; ")))
+}
+
+fn humantime(d: Duration) -> String {
+    format!("{}us", d.as_micros())
+}

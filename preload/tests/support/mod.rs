@@ -1,0 +1,249 @@
+//! Running real fio under the preload library (or in a blkio cgroup), for
+//! the tests and the `fio_compare` example. Everything a run creates (temp
+//! dirs, cgroups) is removed when its guard drops, also on failure.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// `target/<profile>`: the directory of the running test or example's
+/// profile (tests live in `deps/`, examples in `examples/`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("exe dir");
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("deps" | "examples") => dir.parent().unwrap().to_owned(),
+        _ => dir.to_owned(),
+    }
+}
+
+/// The preload library cargo built for this profile.
+pub fn library() -> PathBuf {
+    let dir = profile_dir();
+    for p in [dir.join("libkvsds_preload.so"), dir.join("deps/libkvsds_preload.so")] {
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libkvsds_preload.so not found in {} (build it: cargo build --release -p kvsds-preload)", dir.display())
+}
+
+/// fio's path; a clear failure when it is missing (scripts/setup.sh installs it).
+pub fn fio() -> PathBuf {
+    for d in ["/usr/bin", "/usr/local/bin", "/bin"] {
+        let p = Path::new(d).join("fio");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("fio is not installed (apt-get install fio; scripts/setup.sh does it)")
+}
+
+/// A scratch directory on a real disk (O_DIRECT needs one; /dev/shm will
+/// not do), removed on drop.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("kvsds-fio-").tempdir_in(std::env::temp_dir()).expect("temp dir")
+}
+
+/// Writes `mib` MiB of non-zero data and syncs it, so direct reads hit the
+/// device (a hole would be read without any I/O).
+pub fn data_file(path: &Path, mib: usize) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut f = File::create(path).unwrap();
+    let block: Vec<u8> = (0..1 << 20).map(|i| (i * 7 + 1) as u8).collect();
+    for _ in 0..mib {
+        f.write_all(&block).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+/// One fio job.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub name: String,
+    pub file: PathBuf,
+    /// `write`, `read`, `randread`, ...
+    pub rw: &'static str,
+    pub bs: &'static str,
+    pub direct: bool,
+    pub size_mib: usize,
+}
+
+impl Job {
+    pub fn new(name: &str, file: &Path, rw: &'static str, bs: &'static str, direct: bool) -> Job {
+        Job { name: name.into(), file: file.to_owned(), rw, bs, direct, size_mib: 64 }
+    }
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            format!("--name={}", self.name),
+            format!("--filename={}", self.file.display()),
+            format!("--size={}M", self.size_mib),
+            format!("--rw={}", self.rw),
+            format!("--bs={}", self.bs),
+            format!("--direct={}", u8::from(self.direct)),
+            // Buffered jobs read what the page cache holds (fio would drop it first).
+            format!("--invalidate={}", u8::from(self.direct)),
+            "--ioengine=psync".into(),
+        ]
+    }
+}
+
+/// What fio measured for one job, in the direction it did.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    pub name: String,
+    pub bw_bytes: f64,
+    pub iops: f64,
+    pub clat_p50_us: f64,
+    pub clat_p99_us: f64,
+    /// The per-second bandwidth log (KiB/s), when asked for.
+    pub per_second_kib: Vec<f64>,
+}
+
+/// How fio is run.
+pub enum Under<'a> {
+    /// Plain.
+    Nothing,
+    /// With the preload library and this rules file.
+    Preload(&'a Path),
+    /// In this blkio cgroup.
+    Cgroup(&'a BlkioCgroup),
+}
+
+/// Runs the jobs at once for `runtime`, returns one result per job.
+/// `bw_log` asks for a per-second bandwidth log in that directory.
+pub fn run(jobs: &[Job], runtime: Duration, under: Under<'_>, bw_log: Option<&Path>) -> Vec<Measured> {
+    let mut args: Vec<String> = vec![
+        "--output-format=json".into(),
+        "--time_based".into(),
+        format!("--runtime={}ms", runtime.as_millis()),
+        // Each job its own process (fio's default), all started together.
+    ];
+    if let Some(dir) = bw_log {
+        args.push(format!("--write_bw_log={}", dir.join("fio").display()));
+        args.push("--log_avg_msec=1000".into());
+    }
+    // Options after a --name belong to that job.
+    for j in jobs {
+        args.extend(j.args());
+    }
+    let mut cmd = match &under {
+        Under::Cgroup(cg) => {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", cg.path.display()));
+            c.arg(fio());
+            c
+        }
+        _ => Command::new(fio()),
+    };
+    cmd.args(&args).stdin(Stdio::null()).env_remove("LD_PRELOAD").env_remove("KVSDS_RULES");
+    if let Under::Preload(rules) = under {
+        cmd.env("LD_PRELOAD", library()).env("KVSDS_RULES", rules);
+    }
+    let out = cmd.output().expect("run fio");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fio failed ({}): {stderr}\n{stdout}", out.status);
+    // fio may print notes before the JSON.
+    let json = &stdout[stdout.find('{').unwrap_or_else(|| panic!("no JSON from fio: {stdout} {stderr}"))..];
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("fio JSON: {e}: {json}"));
+    let results = v["jobs"].as_array().expect("jobs");
+    jobs.iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let r = &results[i];
+            assert_eq!(r["jobname"].as_str(), Some(j.name.as_str()));
+            let dir = if j.rw.contains("write") { "write" } else { "read" };
+            let d = &r[dir];
+            let pct = |p: &str| d["clat_ns"]["percentile"][p].as_f64().unwrap_or(f64::NAN) / 1000.0;
+            let per_second_kib =
+                bw_log.map(|dir| read_bw_log(&dir.join(format!("fio_bw.{}.log", i + 1)))).unwrap_or_default();
+            Measured {
+                name: j.name.clone(),
+                bw_bytes: d["bw_bytes"].as_f64().unwrap_or(0.0),
+                iops: d["iops"].as_f64().unwrap_or(0.0),
+                clat_p50_us: pct("50.000000"),
+                clat_p99_us: pct("99.000000"),
+                per_second_kib,
+            }
+        })
+        .collect()
+}
+
+fn read_bw_log(path: &Path) -> Vec<f64> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().filter_map(|l| l.split(',').nth(1)?.trim().parse().ok()).collect()
+}
+
+/// A cgroup v1 blkio child with throttle limits, removed on drop.
+pub struct BlkioCgroup {
+    pub path: PathBuf,
+}
+
+impl BlkioCgroup {
+    /// Creates it with `file = "MAJ:MIN value"` lines, e.g.
+    /// `("blkio.throttle.write_bps_device", 4194304)`.
+    pub fn new(name: &str, device: (u32, u32), limits: &[(&str, u64)]) -> std::io::Result<BlkioCgroup> {
+        let path = Path::new("/sys/fs/cgroup/blkio").join(format!("{name}-{}", std::process::id()));
+        fs::create_dir(&path)?;
+        let cg = BlkioCgroup { path };
+        for (file, v) in limits {
+            fs::write(cg.path.join(file), format!("{}:{} {v}\n", device.0, device.1))?;
+        }
+        Ok(cg)
+    }
+}
+
+impl Drop for BlkioCgroup {
+    fn drop(&mut self) {
+        // Its processes have exited (fio was waited for); retry briefly.
+        for _ in 0..50 {
+            if fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove cgroup {}", self.path.display());
+    }
+}
+
+/// The block device under `path` (its whole disk, for the throttle).
+pub fn device_of(path: &Path) -> (u32, u32) {
+    let dev = fs::metadata(path).unwrap().dev();
+    let (major, minor) =
+        (((dev >> 32) & 0xffff_f000 | (dev >> 8) & 0xfff) as u32, ((dev >> 12) & 0xffff_ff00 | dev & 0xff) as u32);
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if sys.join("partition").exists()
+        && let Ok(parent) = fs::read_to_string(sys.join("../dev"))
+        && let Some((a, b)) = parent.trim().split_once(':')
+    {
+        return (a.parse().unwrap(), b.parse().unwrap());
+    }
+    (major, minor)
+}
+
+/// Writes a rules file atomically (write then rename), so a reader never
+/// sees half of it.
+pub fn write_rules(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// `[[volumes]]` tables: (name, path, io.max limits).
+pub fn volumes(v: &[(&str, &Path, &str)]) -> String {
+    v.iter()
+        .map(|(n, p, l)| format!("[[volumes]]\nname = \"{n}\"\npath = \"{}\"\nlimits = \"{l}\"\n\n", p.display()))
+        .collect()
+}
+
+/// Relative error of `got` against `want`, in percent.
+pub fn err_pct(got: f64, want: f64) -> f64 {
+    (got - want) / want * 100.0
+}
