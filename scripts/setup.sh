@@ -9,6 +9,8 @@ if ! compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null && ! compgen -G "/
     need+=(libclang-dev)
 fi
 command -v c++ >/dev/null || need+=(g++)
+# The preload library's tests run Debian's fio.
+command -v fio >/dev/null || need+=(fio)
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

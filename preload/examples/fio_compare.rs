@@ -70,6 +70,7 @@ fn main() {
     }
     std::fs::create_dir_all(d.join("w")).unwrap();
     let rules = d.join("rules.toml");
+    support::library();
 
     // 1. One limit at a time, library and kernel.
     let cases = [

@@ -17,6 +17,7 @@ const MIB: f64 = 1048576.0;
 
 #[test]
 fn fio_jobs_on_three_limited_volumes_and_an_unlimited_one() {
+    let _one = support::serial();
     let dir = scratch();
     let d = dir.path();
     for v in ["r", "b", "u"] {
@@ -64,6 +65,9 @@ fn fio_jobs_on_three_limited_volumes_and_an_unlimited_one() {
 
 #[test]
 fn a_limit_changes_live_while_fio_runs() {
+    let _one = support::serial();
+    // Built before the clock of the change starts.
+    support::library();
     let dir = scratch();
     let d = dir.path();
     std::fs::create_dir_all(d.join("v")).unwrap();
@@ -97,6 +101,7 @@ fn a_limit_changes_live_while_fio_runs() {
 
 #[test]
 fn limits_follow_descriptors_through_dup_close_fork_and_threads() {
+    let _one = support::serial();
     let dir = scratch();
     let d = dir.path();
     let rules = d.join("rules.toml");

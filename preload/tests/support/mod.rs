@@ -9,6 +9,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// `target/<profile>`: the directory of the running test or example's
@@ -22,15 +23,37 @@ pub fn profile_dir() -> PathBuf {
     }
 }
 
-/// The preload library cargo built for this profile.
+/// The preload library, built for this profile. Cargo does not build a
+/// `cdylib` for the tests or examples of its own package (they cannot link
+/// it), so the first call runs `cargo build --lib` into the same target
+/// directory (fresh in a second when it is up to date).
 pub fn library() -> PathBuf {
-    let dir = profile_dir();
-    for p in [dir.join("libkvsds_preload.so"), dir.join("deps/libkvsds_preload.so")] {
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libkvsds_preload.so not found in {} (build it: cargo build --release -p kvsds-preload)", dir.display())
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = profile_dir();
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "--quiet", "--lib", "-p", "kvsds-preload", "--target-dir"])
+                .arg(dir.parent().expect("target dir"))
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().expect("run cargo build for the preload library");
+            assert!(status.success(), "cargo build -p kvsds-preload --lib: {status}");
+            let p = dir.join("libkvsds_preload.so");
+            assert!(p.exists(), "{} missing after the build", p.display());
+            p
+        })
+        .clone()
+}
+
+/// Held by each test for its whole run: fio runs one test at a time, so
+/// the tests do not share the two cores (or the disk) with each other.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// fio's path; a clear failure when it is missing (scripts/setup.sh installs it).
