@@ -26,7 +26,7 @@
 //!   program run without limits (after its one-line error). By default such
 //!   a program is not started: it exits with status 78 (`EX_CONFIG`).
 //! * `KVSDS_RELOAD_MS`: how often the file is checked for changed limits
-//!   (default 100; 0 turns live reload off).
+//!   (default 10: a change is seen within one refill period; 0 turns live reload off).
 //!
 //! Limits are per process: a forked child gets its own stage with the same
 //! limits (and its own reload watcher).

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use kv_stage::iomax::IoMaxLine;
 use kv_stage::iomax::Target;
-use kv_stage::{Context, RequestType, RuleSet, Stage, Volume, VolumeSelector};
+use kv_stage::{Context, RequestType, Rule, RuleSet, Stage, Volume, VolumeSelector};
 
 use crate::fdtable;
 
@@ -29,6 +29,11 @@ pub(crate) struct State {
     /// Path and device volumes, 1-based slot = index + 1, with paths made
     /// canonical (the kernel's `/proc/self/fd` links are canonical).
     volumes: Vec<Volume>,
+    /// Per volume: whether its requests go through the stage. A volume
+    /// whose limits are all `max` and that no other rule names is not
+    /// enforced (nor counted): its descriptors cost what a descriptor of no
+    /// volume costs. Recomputed whenever limits change.
+    enforced: Vec<AtomicBool>,
     has_paths: bool,
     has_devices: bool,
     /// The rules as last applied, to rebuild the stage in a forked child.
@@ -75,7 +80,7 @@ impl State {
         let volumes: Vec<Volume> = rules
             .volumes
             .iter()
-            .filter(|v| matches!(v.selector, VolumeSelector::Path(_) | VolumeSelector::Device { .. }))
+            .filter(|v| is_file_volume(v))
             .map(|v| {
                 let mut v = v.clone();
                 if let VolumeSelector::Path(p) = &v.selector
@@ -89,7 +94,9 @@ impl State {
         if volumes.len() >= u16::MAX as usize {
             return Err(format!("{}: too many path and device volumes ({})", source.display(), volumes.len()));
         }
+        let enforced = volumes.iter().map(|v| AtomicBool::new(needs_stage(v, &rules))).collect();
         Ok(State {
+            enforced,
             stage,
             has_paths: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Path(_))),
             has_devices: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Device { .. })),
@@ -98,6 +105,32 @@ impl State {
             source,
         })
     }
+}
+
+/// Whether a volume's requests need the stage: it has a limit, or a rule
+/// besides the ones that built it names its channel.
+fn needs_stage(v: &Volume, rules: &RuleSet) -> bool {
+    if !v.limits.is_unlimited() {
+        return true;
+    }
+    let built = 2 * rules.volumes.len();
+    rules.rules.iter().skip(built).any(|e| match &e.rule {
+        Rule::CreateChannel { channel, .. }
+        | Rule::RemoveChannel { channel }
+        | Rule::CreateObject { channel, .. }
+        | Rule::RemoveObject { channel, .. }
+        | Rule::Route { channel, .. }
+        | Rule::RouteObject { channel, .. }
+        | Rule::UnrouteObject { channel, .. }
+        | Rule::SetDefaultChannel { channel }
+        | Rule::SetDefaultObject { channel, .. }
+        | Rule::Configure { channel, .. } => *channel == v.name,
+        Rule::Unroute { .. } => false,
+    })
+}
+
+fn is_file_volume(v: &Volume) -> bool {
+    matches!(v.selector, VolumeSelector::Path(_) | VolumeSelector::Device { .. })
 }
 
 /// Loads `KVSDS_RULES` at library load. A file that cannot be used stops
@@ -218,7 +251,11 @@ pub(crate) fn enforce(volume: u16, t: RequestType, size: u64) -> Result<(), ()> 
     if NEED_WATCHER.load(Ordering::Relaxed) && NEED_WATCHER.swap(false, Ordering::Relaxed) {
         start_watcher();
     }
-    let Some(instance) = st.volumes.get(volume as usize - 1).and_then(|v| v.instance) else { return Ok(()) };
+    let i = volume as usize - 1;
+    if !st.enforced.get(i).is_some_and(|e| e.load(Ordering::Relaxed)) {
+        return Ok(());
+    }
+    let Some(instance) = st.volumes.get(i).and_then(|v| v.instance) else { return Ok(()) };
     let ctx = Context::new(t, size).in_instance(instance);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.stage.enforce(&ctx))) {
         Ok(Ok(_)) => Ok(()),
@@ -252,9 +289,9 @@ extern "C" fn after_fork_child() {
 }
 
 /// How often the rules file is checked for changes: `KVSDS_RELOAD_MS`
-/// (default 100; 0 turns live reload off).
+/// (default 10, the refill period, so a change is seen within one; 0 turns live reload off).
 fn reload_interval() -> Option<Duration> {
-    let ms = std::env::var("KVSDS_RELOAD_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(100);
+    let ms = std::env::var("KVSDS_RELOAD_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(10);
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
@@ -277,7 +314,14 @@ fn start_watcher() {
                 let r = std::panic::catch_unwind(|| reload(&path));
                 unlock_reload();
                 match r {
-                    Ok(Ok(msg)) => eprintln!("kvsds-preload: {}: {msg}", path.display()),
+                    Ok(Ok(msg)) => {
+                        let at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+                        eprintln!(
+                            "kvsds-preload: {}: {msg} (applied at unix time {:.3} s)",
+                            path.display(),
+                            at.as_secs_f64()
+                        );
+                    }
                     Ok(Err(msg)) => {
                         eprintln!("kvsds-preload: {}: not reloaded, limits unchanged: {msg}", path.display())
                     }
@@ -310,7 +354,7 @@ fn reload(path: &Path) -> Result<String, String> {
     }
     let changes = new.volumes.iter().map(|v| {
         let mut c = Volume::limit_rule(&IoMaxLine::full(Target::Volume(v.name.clone()), v.limits));
-        if let kv_stage::Rule::Configure { set, .. } = &mut c
+        if let Rule::Configure { set, .. } = &mut c
             && let Some(p) = v.refill_period
         {
             *set = std::mem::take(set).with("refill_period", humantime(p));
@@ -318,6 +362,12 @@ fn reload(path: &Path) -> Result<String, String> {
         c
     });
     st.stage.apply_rules(changes).map_err(|e| e.to_string())?;
+    // Volumes keep their order (checked above): slot i is new.volumes' i-th
+    // path or device volume.
+    let file_volumes = new.volumes.iter().filter(|v| is_file_volume(v));
+    for (flag, v) in st.enforced.iter().zip(file_volumes) {
+        flag.store(needs_stage(v, &new), Ordering::Relaxed);
+    }
     let shown: Vec<String> = new.volumes.iter().map(|v| format!("{} {}", v.name, v.limits)).collect();
     *current = new;
     Ok(format!("limits reloaded: {}", shown.join("; ")))

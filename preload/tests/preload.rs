@@ -71,31 +71,48 @@ fn a_limit_changes_live_while_fio_runs() {
     let dir = scratch();
     let d = dir.path();
     std::fs::create_dir_all(d.join("v")).unwrap();
+    std::fs::create_dir_all(d.join("z")).unwrap();
     let rules = d.join("rules.toml");
-    write_rules(&rules, &volumes(&[("v", &d.join("v"), "wbps=4MiB")]));
+    // `z` starts with no limit (its requests skip the stage) and gets one.
+    write_rules(&rules, &volumes(&[("v", &d.join("v"), "wbps=4MiB"), ("z", &d.join("z"), "")]));
     let logs = d.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     let changer = {
-        let rules = rules.clone();
-        let v = d.join("v");
+        let (rules, v, z) = (rules.clone(), d.join("v"), d.join("z"));
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(3500));
-            write_rules(&rules, &volumes(&[("v", &v, "wbps=8MiB")]));
+            support::write_rules_at(&rules, &volumes(&[("v", &v, "wbps=8MiB"), ("z", &z, "wbps=2MiB")]))
         })
     };
-    let jobs = [Job::new("v", &d.join("v/data"), "write", "4k", true)];
+    let jobs =
+        [Job::new("v", &d.join("v/data"), "write", "4k", true), Job::new("z", &d.join("z/data"), "write", "4k", true)];
     let got = run(&jobs, Duration::from_secs(8), Under::Preload(&rules), Some(&logs));
-    changer.join().unwrap();
-    let s = &got[0].per_second_kib;
-    eprintln!("per second, KiB/s: {s:?}");
-    assert!(s.len() >= 7, "{s:?}");
+    let written = changer.join().unwrap();
+    let (v, z) = (&got[0].per_second_kib, &got[1].per_second_kib);
+    eprintln!("per second, KiB/s: v {v:?}, z {z:?}");
+    // Each fio job process applied the change within one refill period of
+    // 10 ms (the watcher's interval), plus scheduling delay on a busy
+    // machine: well under 100 ms.
+    let applied = support::applied_times(&got[0].stderr);
+    assert!(applied.len() >= 2, "a reload per job process: {}", got[0].stderr);
+    for t in applied {
+        let lag_ms = (t - written) * 1e3;
+        eprintln!("change applied {lag_ms:.1} ms after the file was written");
+        assert!((0.0..100.0).contains(&lag_ms), "{lag_ms} ms");
+    }
+    assert!(v.len() >= 7 && z.len() >= 7, "{v:?} {z:?}");
     // Seconds 1-3 at 4 MiB/s; the change lands 3.5 s (fio starts its clock
     // a little after the process) in; from second 5 on, 8 MiB/s.
-    for (i, v) in s.iter().enumerate().take(3) {
-        assert!(err_pct(*v, 4096.0).abs() < 5.0, "second {}: {v} KiB/s, want 4096", i + 1);
+    for (i, x) in v.iter().enumerate().take(3) {
+        assert!(err_pct(*x, 4096.0).abs() < 5.0, "v, second {}: {x} KiB/s, want 4096", i + 1);
     }
-    for (i, v) in s.iter().enumerate().skip(5).take(2) {
-        assert!(err_pct(*v, 8192.0).abs() < 5.0, "second {}: {v} KiB/s, want 8192", i + 1);
+    for (i, x) in v.iter().enumerate().skip(5).take(2) {
+        assert!(err_pct(*x, 8192.0).abs() < 5.0, "v, second {}: {x} KiB/s, want 8192", i + 1);
+    }
+    // z: as fast as the disk goes, then 2 MiB/s.
+    assert!(z[0] > 2.0 * 2048.0, "z before its limit: {z:?}");
+    for (i, x) in z.iter().enumerate().skip(5).take(2) {
+        assert!(err_pct(*x, 2048.0).abs() < 5.0, "z, second {}: {x} KiB/s, want 2048", i + 1);
     }
 }
 

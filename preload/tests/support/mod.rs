@@ -127,6 +127,8 @@ pub struct Measured {
     pub clat_p99_us: f64,
     /// The per-second bandwidth log (KiB/s), when asked for.
     pub per_second_kib: Vec<f64>,
+    /// What fio (and the library) wrote to stderr.
+    pub stderr: String,
 }
 
 /// How fio is run.
@@ -194,6 +196,7 @@ pub fn run(jobs: &[Job], runtime: Duration, under: Under<'_>, bw_log: Option<&Pa
                 clat_p50_us: pct("50.000000"),
                 clat_p99_us: pct("99.000000"),
                 per_second_kib,
+                stderr: stderr.clone().into_owned(),
             }
         })
         .collect()
@@ -264,6 +267,18 @@ pub fn volumes(v: &[(&str, &Path, &str)]) -> String {
     v.iter()
         .map(|(n, p, l)| format!("[[volumes]]\nname = \"{n}\"\npath = \"{}\"\nlimits = \"{l}\"\n\n", p.display()))
         .collect()
+}
+
+/// Writes a rules file atomically and returns when, in Unix seconds.
+pub fn write_rules_at(path: &Path, text: &str) -> f64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    write_rules(path, text);
+    t
+}
+
+/// The Unix times the library reported applying reloaded limits.
+pub fn applied_times(stderr: &str) -> Vec<f64> {
+    stderr.lines().filter_map(|l| l.split("(applied at unix time ").nth(1)?.split(' ').next()?.parse().ok()).collect()
 }
 
 /// Relative error of `got` against `want`, in percent.
