@@ -31,13 +31,14 @@ fn limits(stage: &Stage, volume: &str) -> IoMax {
 fn the_example_file_builds_one_channel_per_volume() {
     let rules = example();
     let names: Vec<&str> = rules.volumes.iter().map(|v| v.name.as_str()).collect();
-    assert_eq!(names, ["db", "logs", "254:0", "orders", "tenant-a"]);
+    assert_eq!(names, ["db", "logs", "254:0", "orders", "tenant-a", "backups"]);
+    assert_eq!(rules.volumes[5].tag, C::lookup("backup"));
     assert_eq!(rules.volumes[0].selector, VolumeSelector::Path("/var/lib/kvsds/db".into()));
     assert_eq!(rules.volumes[2].selector, VolumeSelector::Device { major: 254, minor: 0 });
     // Path and device volumes get instances from the reserved range, in order.
     let inst: Vec<Option<u16>> = rules.volumes.iter().map(|v| v.instance.map(|i| i.0)).collect();
     let f = FIRST_FILE_VOLUME_INSTANCE;
-    assert_eq!(inst, [Some(f), Some(f + 1), Some(f + 2), Some(2), None]);
+    assert_eq!(inst, [Some(f), Some(f + 1), Some(f + 2), Some(2), None, Some(f + 3)]);
 
     let stage = Stage::new("volumes");
     stage.apply(&rules).unwrap();
@@ -50,6 +51,12 @@ fn the_example_file_builds_one_channel_per_volume() {
     assert_eq!(at(f + 2, C::BG_FLUSH), "254:0/limits");
     assert_eq!(at(2, C::FOREGROUND), "orders/limits");
     assert_eq!(at(7, C::lookup("tenant_a").unwrap()), "tenant-a/limits");
+    // A tagged path volume: its requests carry `backup`; the file's rule
+    // sends its writes to the crawl DRL, the rest to the volume's limits.
+    let backup = C::lookup("backup").unwrap();
+    assert_eq!(at(f + 3, backup), "backups/crawl");
+    let read = Context::with(WorkflowId(1), T::Read, backup, InstanceId(f + 3), 4096);
+    assert_eq!(stage.select(&read).1.as_deref(), Some("backups/limits"));
     // A request of no volume is untouched: the default channel, no object.
     assert_eq!(at(7, C::FOREGROUND), "default/-");
 
@@ -105,6 +112,8 @@ fn bad_volumes_name_line_and_field() {
         ("[[volumes]]\nname = \"b\"\ncontext = \"nobody\"\n", "context", "unknown request context"),
         ("[[volumes]]\npath = \"/b\"\n", "name", "needs a `name`"),
         ("[[volumes]]\nname = \"b c\"\npath = \"/b\"\n", "name", "not a volume name"),
+        ("[[volumes]]\nname = \"b\"\ninstance = 3\ntag = \"foreground\"\n", "tag", "only path and device"),
+        ("[[volumes]]\nname = \"b\"\npath = \"/b\"\ntag = \"nobody\"\n", "tag", "unknown request context"),
     ] {
         let e = toml(&format!("{good}{bad}")).unwrap_err();
         let msg = e.to_string();

@@ -7,7 +7,8 @@
 //!
 //! * open, openat, creat (and their 64-bit and fortified variants) classify
 //!   each new descriptor once, by the canonical path of the file (longest
-//!   path volume prefix) or else its device (device volumes);
+//!   path volume prefix) or else its device (device volumes), into that
+//!   volume and the context its `tag` names (else the calling thread's);
 //! * read, write, pread, pwrite, readv, writev, preadv, pwritev (and their
 //!   64-bit, `v2` and fortified variants), fsync, fdatasync and
 //!   sync_file_range on a classified descriptor are enforced by the

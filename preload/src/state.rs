@@ -255,8 +255,12 @@ pub(crate) fn enforce(volume: u16, t: RequestType, size: u64) -> Result<(), ()> 
     if !st.enforced.get(i).is_some_and(|e| e.load(Ordering::Relaxed)) {
         return Ok(());
     }
-    let Some(instance) = st.volumes.get(i).and_then(|v| v.instance) else { return Ok(()) };
-    let ctx = Context::new(t, size).in_instance(instance);
+    let Some(v) = st.volumes.get(i) else { return Ok(()) };
+    let Some(instance) = v.instance else { return Ok(()) };
+    let mut ctx = Context::new(t, size).in_instance(instance);
+    if let Some(tag) = v.tag {
+        ctx = ctx.in_context(tag);
+    }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.stage.enforce(&ctx))) {
         Ok(Ok(_)) => Ok(()),
         _ => Err(()),

@@ -136,6 +136,42 @@ fn limits_follow_descriptors_through_dup_close_fork_and_threads() {
     assert!(text.contains("forked child, inherited limited fd"), "{text}");
 }
 
+#[test]
+fn a_tagged_volume_gives_its_requests_a_context_other_rules_can_match() {
+    let _one = support::serial();
+    let dir = scratch();
+    let d = dir.path();
+    let rules = d.join("rules.toml");
+    let mut text = String::from("contexts = [\"backup\"]\n\n");
+    for (name, tag) in [("t", "tag = \"backup\"\n"), ("u", "")] {
+        std::fs::create_dir_all(d.join(name)).unwrap();
+        text += &format!("[[volumes]]\nname = \"{name}\"\npath = \"{}\"\n{tag}\n", d.join(name).display());
+        // In each volume's channel, requests of the backup context meet 20 writes/s.
+        text += &format!(
+            "[[rules]]\nop = \"create_object\"\nchannel = \"{name}\"\nobject = \"slow\"\nspec = {{ kind = \"drl\", rate = \"20ops/s\" }}\nmatch = {{ context = \"backup\" }}\n\n"
+        );
+    }
+    write_rules(&rules, &text);
+    let lib = support::library();
+    let dd = |name: &str| {
+        let t = std::time::Instant::now();
+        let out = Command::new("dd")
+            .args(["if=/dev/zero", "bs=4k", "count=11", "oflag=direct"])
+            .arg(format!("of={}", d.join(name).join("f").display()))
+            .env("LD_PRELOAD", &lib)
+            .env("KVSDS_RULES", &rules)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "dd: {}", String::from_utf8_lossy(&out.stderr));
+        t.elapsed()
+    };
+    let (tagged, plain) = (dd("t"), dd("u"));
+    eprintln!("11 direct 4 KiB writes: tagged volume {tagged:?}, untagged {plain:?}");
+    // 11 writes at 20/s take at least 0.5 s; untagged ones never meet the DRL.
+    assert!(tagged >= Duration::from_millis(400), "{tagged:?}");
+    assert!(plain < Duration::from_millis(400), "{plain:?}");
+}
+
 fn run_true(rules: &Path, passthrough: bool) -> (Option<i32>, String) {
     let mut cmd = Command::new("/bin/true");
     cmd.env("LD_PRELOAD", support::library()).env("KVSDS_RULES", rules);

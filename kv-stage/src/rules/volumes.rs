@@ -14,6 +14,11 @@
 //! limits = "rbps=64MiB"
 //!
 //! [[volumes]]
+//! name = "backups"
+//! path = "/srv/backup"
+//! tag = "backup"            # its requests carry this context (other rules can match it)
+//!
+//! [[volumes]]
 //! name = "tenant-a"
 //! context = "tenant_a"      # requests tagged with this context
 //! limits = "rbps=8MiB wbps=8MiB"
@@ -79,6 +84,10 @@ pub struct Volume {
     pub limits: IoMax,
     /// Burst of each limit, as a period's worth of its rate (default 10 ms).
     pub refill_period: Option<Duration>,
+    /// For a path or device volume: the request context the layer that
+    /// classifies files tags its requests with (`tag = "backup"`), so other
+    /// rules can tell them apart; `None` keeps the calling thread's context.
+    pub tag: Option<RequestContext>,
     /// Where it was declared.
     pub location: Location,
 }
@@ -160,6 +169,8 @@ pub(super) struct VolumeTable {
     limits: Option<String>,
     #[serde(default, with = "crate::units::opt_duration_str")]
     refill_period: Option<Duration>,
+    #[serde(default)]
+    tag: Option<String>,
 }
 
 impl VolumeTable {
@@ -232,6 +243,16 @@ impl VolumeTable {
                 ));
             }
         }
+        let tag = match &self.tag {
+            None => None,
+            Some(_) if !matches!(selector, VolumeSelector::Path(_) | VolumeSelector::Device { .. }) => {
+                return Err(err("tag", "only path and device volumes tag their requests".into()));
+            }
+            Some(t) => Some(
+                RequestContext::lookup(t)
+                    .ok_or_else(|| err("tag", format!("unknown request context '{t}' (declare it in `contexts`)")))?,
+            ),
+        };
         let limits = match &self.limits {
             Some(l) => IoMax::parse(l).map_err(|e| err("limits", e.to_string()))?,
             None => IoMax::UNLIMITED,
@@ -239,7 +260,7 @@ impl VolumeTable {
         QosSpec { refill_period: self.refill_period, ..QosSpec::from_io_max(limits) }
             .validate()
             .map_err(|e| err(&e.field, e.message))?;
-        Ok(Volume { name, selector, instance, limits, refill_period: self.refill_period, location })
+        Ok(Volume { name, selector, instance, limits, refill_period: self.refill_period, tag, location })
     }
 }
 
@@ -275,6 +296,7 @@ mod tests {
             instance: Some(InstanceId(FIRST_FILE_VOLUME_INSTANCE)),
             limits: IoMax::UNLIMITED,
             refill_period: None,
+            tag: None,
             location: Location::default(),
         }
     }
