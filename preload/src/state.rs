@@ -30,7 +30,7 @@ pub(crate) struct State {
     /// canonical (the kernel's `/proc/self/fd` links are canonical).
     volumes: Vec<Volume>,
     /// Per volume: whether its requests go through the stage. A volume
-    /// whose limits are all `max` and that no other rule names is not
+    /// whose limits are all `max`, in a file of volumes only, is not
     /// enforced (nor counted): its descriptors cost what a descriptor of no
     /// volume costs. Recomputed whenever limits change.
     enforced: Vec<AtomicBool>,
@@ -107,26 +107,10 @@ impl State {
     }
 }
 
-/// Whether a volume's requests need the stage: it has a limit, or a rule
-/// besides the ones that built it names its channel.
+/// Whether a volume's requests need the stage: it has a limit, or the file
+/// has rules besides its volumes (any of which may match its requests).
 fn needs_stage(v: &Volume, rules: &RuleSet) -> bool {
-    if !v.limits.is_unlimited() {
-        return true;
-    }
-    let built = 2 * rules.volumes.len();
-    rules.rules.iter().skip(built).any(|e| match &e.rule {
-        Rule::CreateChannel { channel, .. }
-        | Rule::RemoveChannel { channel }
-        | Rule::CreateObject { channel, .. }
-        | Rule::RemoveObject { channel, .. }
-        | Rule::Route { channel, .. }
-        | Rule::RouteObject { channel, .. }
-        | Rule::UnrouteObject { channel, .. }
-        | Rule::SetDefaultChannel { channel }
-        | Rule::SetDefaultObject { channel, .. }
-        | Rule::Configure { channel, .. } => *channel == v.name,
-        Rule::Unroute { .. } => false,
-    })
+    !v.limits.is_unlimited() || rules.rules.len() > 2 * rules.volumes.len()
 }
 
 fn is_file_volume(v: &Volume) -> bool {
