@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kv_stage::iomax::IoMax;
+use kv_stage::iomax::{IoMax, split_dev};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -86,13 +86,6 @@ pub struct KernelDevice {
 
 fn missing(what: impl Into<String>) -> Error {
     Error::Usage(format!("--device kernel: {}", what.into()))
-}
-
-/// `MAJ:MIN` of a `st_dev`, as glibc's `major()`/`minor()`.
-fn split_dev(dev: u64) -> (u32, u32) {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    (major as u32, minor as u32)
 }
 
 fn effective_uid() -> Option<u32> {
@@ -441,14 +434,6 @@ pub fn install_interrupt_cleanup(also: impl Fn() + Send + 'static) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dev_numbers_split_as_glibc() {
-        assert_eq!(split_dev(0xfe00), (254, 0));
-        assert_eq!(split_dev(0x0801), (8, 1));
-        // major 259 (NVMe), minor 3
-        assert_eq!(split_dev((259 << 8) & 0xfff00 | 3), (259, 3));
-    }
 
     #[test]
     fn counters_of_both_interfaces_parse_for_the_disk_only() {

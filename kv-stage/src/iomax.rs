@@ -133,6 +133,13 @@ pub(crate) fn parse_keys(s: &str) -> Result<[Option<Option<u64>>; 4], IoMaxError
     Ok(out)
 }
 
+/// `MAJ:MIN` of a `st_dev`, as glibc's `major()` and `minor()` split it.
+pub fn split_dev(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major as u32, minor as u32)
+}
+
 /// What an `io.max` line is about: a block device by `MAJ:MIN`, or a volume
 /// by name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -193,25 +200,6 @@ pub struct IoMaxLine {
     /// `rbps`, `wbps`, `riops`, `wiops`: `None` where the line leaves the
     /// key out, `Some(None)` where it says `max`.
     pub keys: [Option<Option<u64>>; 4],
-}
-
-impl IoMaxLine {
-    /// The limits the line leaves after it is applied to `current`.
-    pub fn applied_to(&self, current: IoMax) -> IoMax {
-        let mut v = [current.rbps, current.wbps, current.riops, current.wiops];
-        for (slot, key) in v.iter_mut().zip(self.keys) {
-            if let Some(k) = key {
-                *slot = k;
-            }
-        }
-        let [rbps, wbps, riops, wiops] = v;
-        IoMax { rbps, wbps, riops, wiops }
-    }
-
-    /// A line setting every key to `limits`.
-    pub fn full(target: Target, limits: IoMax) -> IoMaxLine {
-        IoMaxLine { target, keys: [Some(limits.rbps), Some(limits.wbps), Some(limits.riops), Some(limits.wiops)] }
-    }
 }
 
 impl FromStr for IoMaxLine {
@@ -275,6 +263,16 @@ mod tests {
         assert_eq!(IoMax::parse("wbps=64M,rbps=1048576").unwrap().rbps, Some(1 << 20));
         assert_eq!(IoMax::parse("wbps=64M").unwrap().wbps, Some(64_000_000));
         assert!(IoMax::parse("").unwrap().is_unlimited());
+    }
+
+    #[test]
+    fn dev_numbers_split_as_glibc() {
+        assert_eq!(split_dev(0xfe00), (254, 0));
+        assert_eq!(split_dev(0x0801), (8, 1));
+        // major 259 (NVMe), minor 3
+        assert_eq!(split_dev((259 << 8) & 0xfff00 | 3), (259, 3));
+        // a major above 4095 lives in the high bits
+        assert_eq!(split_dev((0x1234u64 & !0xfff) << 32 | (0x1234 & 0xfff) << 8 | 7), (0x1234, 7));
     }
 
     #[test]

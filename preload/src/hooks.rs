@@ -26,15 +26,6 @@ fn refused<T: From<i8>>() -> T {
     T::from(-1)
 }
 
-/// Enforces `size` bytes of `t` on `fd` if it belongs to a volume.
-#[inline(always)]
-fn admit(fd: c_int, t: RequestType, size: u64) -> bool {
-    match fdtable::volume(fd) {
-        None => true,
-        Some(v) => state::enforce(v, t, size).is_ok(),
-    }
-}
-
 /// The bytes an iovec array asks for.
 ///
 /// # Safety
@@ -66,350 +57,86 @@ fn duped(from: c_int, to: c_int) -> c_int {
     to
 }
 
-/// Hook for `open`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `open`.
-    let r = unsafe { real::open()(path, flags, mode) };
-    opened(r)
-}
-
-/// Hook for `open64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `open64`.
-    let r = unsafe { real::open64()(path, flags, mode) };
-    opened(r)
-}
-
-/// Hook for `openat`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `openat`.
-    let r = unsafe { real::openat()(dirfd, path, flags, mode) };
-    opened(r)
-}
-
-/// Hook for `openat64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `openat64`.
-    let r = unsafe { real::openat64()(dirfd, path, flags, mode) };
-    opened(r)
-}
-
-/// Hook for `__open_2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__open_2`.
-    let r = unsafe { real::open_2()(path, flags) };
-    opened(r)
-}
-
-/// Hook for `__open64_2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__open64_2`.
-    let r = unsafe { real::open64_2()(path, flags) };
-    opened(r)
-}
-
-/// Hook for `__openat_2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__openat_2`.
-    let r = unsafe { real::openat_2()(dirfd, path, flags) };
-    opened(r)
-}
-
-/// Hook for `__openat64_2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__openat64_2`.
-    let r = unsafe { real::openat64_2()(dirfd, path, flags) };
-    opened(r)
-}
-
-/// Hook for `creat`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `creat`.
-    let r = unsafe { real::creat()(path, mode) };
-    opened(r)
-}
-
-/// Hook for `creat64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `creat64`.
-    let r = unsafe { real::creat64()(path, mode) };
-    opened(r)
-}
-
-/// Hook for `read`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
-    if !admit(fd, RequestType::Read, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `read`.
-    unsafe { real::read()(fd, buf, count) }
-}
-
-/// Hook for `__read_chk`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, count: size_t, buflen: size_t) -> ssize_t {
-    if !admit(fd, RequestType::Read, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__read_chk`.
-    unsafe { real::read_chk()(fd, buf, count, buflen) }
-}
-
-/// Hook for `write`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
-    if !admit(fd, RequestType::Write, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `write`.
-    unsafe { real::write()(fd, buf, count) }
-}
-
-/// Hook for `pread`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, count: size_t, offset: off_t) -> ssize_t {
-    if !admit(fd, RequestType::Read, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pread`.
-    unsafe { real::pread()(fd, buf, count, offset) }
-}
-
-/// Hook for `pread64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, count: size_t, offset: off_t) -> ssize_t {
-    if !admit(fd, RequestType::Read, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pread64`.
-    unsafe { real::pread64()(fd, buf, count, offset) }
-}
-
-/// Hook for `__pread_chk`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, count: size_t, offset: off_t, buflen: size_t) -> ssize_t {
-    if !admit(fd, RequestType::Read, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__pread_chk`.
-    unsafe { real::pread_chk()(fd, buf, count, offset, buflen) }
-}
-
-/// Hook for `__pread64_chk`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn __pread64_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    count: size_t,
-    offset: off_t,
-    buflen: size_t,
-) -> ssize_t {
-    if !admit(fd, RequestType::Read, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `__pread64_chk`.
-    unsafe { real::pread64_chk()(fd, buf, count, offset, buflen) }
-}
-
-/// Hook for `pwrite`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, count: size_t, offset: off_t) -> ssize_t {
-    if !admit(fd, RequestType::Write, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pwrite`.
-    unsafe { real::pwrite()(fd, buf, count, offset) }
-}
-
-/// Hook for `pwrite64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, count: size_t, offset: off_t) -> ssize_t {
-    if !admit(fd, RequestType::Write, count as u64) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pwrite64`.
-    unsafe { real::pwrite64()(fd, buf, count, offset) }
-}
-
-/// Hook for `readv`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `readv` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Read, size).is_err() {
-            return refused();
+/// Open calls: libc opens, then the new descriptor is classified.
+macro_rules! open_hooks {
+    ($($name:ident = $real:ident($($arg:ident: $ty:ty),+);)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "`.")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name($($arg: $ty),+) -> c_int {
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            opened(unsafe { real::$real()($($arg),+) })
         }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `readv`.
-    unsafe { real::readv()(fd, iov, cnt) }
+    )+};
 }
 
-/// Hook for `writev`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `writev` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Write, size).is_err() {
-            return refused();
+/// The bytes a data call asks for: a count, an iovec array, or none.
+macro_rules! request_size {
+    (count $n:ident) => {
+        $n as u64
+    };
+    (iov $iov:ident $cnt:ident) => {
+        // SAFETY: the caller passes `cnt` valid iovecs, as libc requires.
+        unsafe { iov_len($iov, $cnt) }
+    };
+    (none) => {
+        0
+    };
+}
+
+/// Data calls: on a descriptor of a volume, enforced first (a refusal is
+/// `EIO` and the call is not made); then libc.
+macro_rules! data_hooks {
+    ($($name:ident = $real:ident($fd:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty, $t:ident [$($size:tt)+];)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "`.")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name($fd: c_int $(, $arg: $ty)*) -> $ret {
+            if let Some(v) = fdtable::volume($fd)
+                && state::enforce(v, RequestType::$t, request_size!($($size)+)).is_err()
+            {
+                return refused();
+            }
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            unsafe { real::$real()($fd $(, $arg)*) }
         }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `writev`.
-    unsafe { real::writev()(fd, iov, cnt) }
+    )+};
 }
 
-/// Hook for `preadv`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `preadv` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Read, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `preadv`.
-    unsafe { real::preadv()(fd, iov, cnt, offset) }
+open_hooks! {
+    open = open(path: *const c_char, flags: c_int, mode: mode_t);
+    open64 = open64(path: *const c_char, flags: c_int, mode: mode_t);
+    openat = openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t);
+    openat64 = openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t);
+    __open_2 = open_2(path: *const c_char, flags: c_int);
+    __open64_2 = open64_2(path: *const c_char, flags: c_int);
+    __openat_2 = openat_2(dirfd: c_int, path: *const c_char, flags: c_int);
+    __openat64_2 = openat64_2(dirfd: c_int, path: *const c_char, flags: c_int);
+    creat = creat(path: *const c_char, mode: mode_t);
+    creat64 = creat64(path: *const c_char, mode: mode_t);
 }
 
-/// Hook for `preadv64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn preadv64(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `preadv64` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Read, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `preadv64`.
-    unsafe { real::preadv64()(fd, iov, cnt, offset) }
-}
-
-/// Hook for `pwritev`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pwritev(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `pwritev` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Write, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pwritev`.
-    unsafe { real::pwritev()(fd, iov, cnt, offset) }
-}
-
-/// Hook for `pwritev64`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pwritev64(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `pwritev64` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Write, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pwritev64`.
-    unsafe { real::pwritev64()(fd, iov, cnt, offset) }
-}
-
-/// Hook for `preadv2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn preadv2(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `preadv2` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Read, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `preadv2`.
-    unsafe { real::preadv2()(fd, iov, cnt, offset, flags) }
-}
-
-/// Hook for `preadv64v2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn preadv64v2(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `preadv64v2` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Read, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `preadv64v2`.
-    unsafe { real::preadv64v2()(fd, iov, cnt, offset, flags) }
-}
-
-/// Hook for `pwritev2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pwritev2(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `pwritev2` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Write, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pwritev2`.
-    unsafe { real::pwritev2()(fd, iov, cnt, offset, flags) }
-}
-
-/// Hook for `pwritev64v2`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t {
-    if let Some(v) = fdtable::volume(fd) {
-        // SAFETY: the caller passes `cnt` valid iovecs, as libc's `pwritev64v2` requires.
-        let size = unsafe { iov_len(iov, cnt) };
-        if state::enforce(v, RequestType::Write, size).is_err() {
-            return refused();
-        }
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `pwritev64v2`.
-    unsafe { real::pwritev64v2()(fd, iov, cnt, offset, flags) }
-}
-
-/// Hook for `fsync`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    if !admit(fd, RequestType::Sync, 0) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `fsync`.
-    unsafe { real::fsync()(fd) }
-}
-
-/// Hook for `fdatasync`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    if !admit(fd, RequestType::Sync, 0) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `fdatasync`.
-    unsafe { real::fdatasync()(fd) }
-}
-
-/// Hook for `sync_file_range`.
-#[unsafe(no_mangle)]
-unsafe extern "C" fn sync_file_range(fd: c_int, offset: off64_t, nbytes: off64_t, flags: c_uint) -> c_int {
-    if !admit(fd, RequestType::Sync, 0) {
-        return refused();
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `sync_file_range`.
-    unsafe { real::sync_file_range()(fd, offset, nbytes, flags) }
+data_hooks! {
+    read = read(fd, buf: *mut c_void, count: size_t) -> ssize_t, Read [count count];
+    __read_chk = read_chk(fd, buf: *mut c_void, count: size_t, buflen: size_t) -> ssize_t, Read [count count];
+    write = write(fd, buf: *const c_void, count: size_t) -> ssize_t, Write [count count];
+    pread = pread(fd, buf: *mut c_void, count: size_t, offset: off_t) -> ssize_t, Read [count count];
+    pread64 = pread64(fd, buf: *mut c_void, count: size_t, offset: off_t) -> ssize_t, Read [count count];
+    __pread_chk = pread_chk(fd, buf: *mut c_void, count: size_t, offset: off_t, buflen: size_t) -> ssize_t, Read [count count];
+    __pread64_chk = pread64_chk(fd, buf: *mut c_void, count: size_t, offset: off_t, buflen: size_t) -> ssize_t, Read [count count];
+    pwrite = pwrite(fd, buf: *const c_void, count: size_t, offset: off_t) -> ssize_t, Write [count count];
+    pwrite64 = pwrite64(fd, buf: *const c_void, count: size_t, offset: off_t) -> ssize_t, Write [count count];
+    readv = readv(fd, iov: *const iovec, cnt: c_int) -> ssize_t, Read [iov iov cnt];
+    writev = writev(fd, iov: *const iovec, cnt: c_int) -> ssize_t, Write [iov iov cnt];
+    preadv = preadv(fd, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t, Read [iov iov cnt];
+    preadv64 = preadv64(fd, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t, Read [iov iov cnt];
+    pwritev = pwritev(fd, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t, Write [iov iov cnt];
+    pwritev64 = pwritev64(fd, iov: *const iovec, cnt: c_int, offset: off_t) -> ssize_t, Write [iov iov cnt];
+    preadv2 = preadv2(fd, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t, Read [iov iov cnt];
+    preadv64v2 = preadv64v2(fd, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t, Read [iov iov cnt];
+    pwritev2 = pwritev2(fd, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t, Write [iov iov cnt];
+    pwritev64v2 = pwritev64v2(fd, iov: *const iovec, cnt: c_int, offset: off_t, flags: c_int) -> ssize_t, Write [iov iov cnt];
+    fsync = fsync(fd) -> c_int, Sync [none];
+    fdatasync = fdatasync(fd) -> c_int, Sync [none];
+    sync_file_range = sync_file_range(fd, offset: off64_t, nbytes: off64_t, flags: c_uint) -> c_int, Sync [none];
 }
 
 /// Hook for `close`: the descriptor's class is cleared first, so a number

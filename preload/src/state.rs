@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use kv_stage::iomax::IoMaxLine;
-use kv_stage::iomax::Target;
+use kv_stage::iomax::split_dev;
+use kv_stage::volumes::VOLUME_OBJECT;
 use kv_stage::{Context, RequestType, Rule, RuleSet, Stage, Volume, VolumeSelector};
 
 use crate::fdtable;
@@ -159,13 +159,6 @@ fn classify_open_descriptors() {
     }
 }
 
-/// Major and minor numbers of a `dev_t` (glibc's encoding).
-fn major_minor(dev: u64) -> (u32, u32) {
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
-    (major as u32, minor as u32)
-}
-
 /// Records which volume a descriptor just opened belongs to: the path
 /// volume with the longest prefix of its canonical path, else the volume of
 /// its device. No allocation: the path is read into a stack buffer.
@@ -218,7 +211,7 @@ pub(crate) fn classify(fd: c_int) {
         // SAFETY: `sb` is a valid out-parameter.
         if unsafe { libc::fstat(fd, &mut sb) } == 0 {
             let dev = if sb.st_mode & libc::S_IFMT == libc::S_IFBLK { sb.st_rdev } else { sb.st_dev };
-            let (major, minor) = major_minor(dev);
+            let (major, minor) = split_dev(dev);
             if let Some(i) = st.volumes.iter().position(|v| v.holds_device(major, minor)) {
                 found = i as u16 + 1;
             }
@@ -340,15 +333,7 @@ fn reload(path: &Path) -> Result<String, String> {
     if rules_of(&new) != rules_of(&current) {
         return Err("rules other than volume limits changed; restart the program to use them".into());
     }
-    let changes = new.volumes.iter().map(|v| {
-        let mut c = Volume::limit_rule(&IoMaxLine::full(Target::Volume(v.name.clone()), v.limits));
-        if let Rule::Configure { set, .. } = &mut c
-            && let Some(p) = v.refill_period
-        {
-            *set = std::mem::take(set).with("refill_period", humantime(p));
-        }
-        c
-    });
+    let changes = new.volumes.iter().map(|v| Rule::configure(&v.name, VOLUME_OBJECT, v.spec().into()));
     st.stage.apply_rules(changes).map_err(|e| e.to_string())?;
     // Volumes keep their order (checked above): slot i is new.volumes' i-th
     // path or device volume.
@@ -359,8 +344,4 @@ fn reload(path: &Path) -> Result<String, String> {
     let shown: Vec<String> = new.volumes.iter().map(|v| format!("{} {}", v.name, v.limits)).collect();
     *current = new;
     Ok(format!("limits reloaded: {}", shown.join("; ")))
-}
-
-fn humantime(d: Duration) -> String {
-    format!("{}us", d.as_micros())
 }

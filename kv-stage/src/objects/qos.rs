@@ -74,17 +74,15 @@ impl TryFrom<QosSpecFields> for QosSpec {
     fn try_from(f: QosSpecFields) -> Result<Self, String> {
         let mut keys = [f.rbps, f.wbps, f.riops, f.wiops];
         if let Some(line) = &f.limits {
-            let parsed = parse_keys(line).map_err(|e| format!("limits: {e}"))?;
-            for (i, (slot, v)) in keys.iter_mut().zip(parsed).enumerate() {
+            let parsed = QosSpec::from_keys(parse_keys(line).map_err(|e| format!("limits: {e}"))?);
+            for (i, (slot, v)) in
+                keys.iter_mut().zip([parsed.rbps, parsed.wbps, parsed.riops, parsed.wiops]).enumerate()
+            {
                 let Some(v) = v else { continue };
                 if slot.is_some() {
                     return Err(format!("{}: given both in `limits` and as its own field", KEYS[i]));
                 }
-                let unit = if i < 2 { RateUnit::Bytes } else { RateUnit::Ops };
-                *slot = Some(match v {
-                    Some(n) => Rate::new(n as f64, unit).map_err(|e| format!("{}: {e}", KEYS[i]))?,
-                    None => Rate::unlimited(unit),
-                });
+                *slot = Some(v);
             }
         }
         let [rbps, wbps, riops, wiops] = keys;
@@ -121,34 +119,27 @@ fn whole(r: Rate) -> Option<u64> {
 impl QosSpec {
     /// A spec with every key set from kernel-style limits (unset: `max`).
     pub fn from_io_max(limits: IoMax) -> QosSpec {
-        let b = |v: Option<u64>| {
-            Some(v.map_or(Rate::UNLIMITED, |n| Rate::bytes_per_sec(n as f64).unwrap_or(Rate::UNLIMITED)))
-        };
-        let o = |v: Option<u64>| {
-            Some(v.map_or(Rate::unlimited(RateUnit::Ops), |n| {
-                Rate::ops_per_sec(n as f64).unwrap_or(Rate::unlimited(RateUnit::Ops))
-            }))
-        };
-        QosSpec {
-            rbps: b(limits.rbps),
-            wbps: b(limits.wbps),
-            riops: o(limits.riops),
-            wiops: o(limits.wiops),
-            refill_period: None,
-        }
+        QosSpec::from_keys([Some(limits.rbps), Some(limits.wbps), Some(limits.riops), Some(limits.wiops)])
     }
 
     /// A change setting exactly the keys an `io.max` line sets (the others
     /// keep their limit, as in the kernel).
     pub fn from_line(line: &IoMaxLine) -> QosSpec {
-        let b = |v: Option<Option<u64>>| {
-            v.map(|v| QosSpec::from_io_max(IoMax { rbps: v, ..IoMax::UNLIMITED }).rbps.unwrap_or(Rate::UNLIMITED))
+        QosSpec::from_keys(line.keys)
+    }
+
+    /// The inverse of [`keys`](Self::keys): bandwidths in bytes, IOPS in
+    /// operations.
+    fn from_keys(keys: [Option<Option<u64>>; 4]) -> QosSpec {
+        let rate = |i: usize| {
+            let unit = if i < 2 { RateUnit::Bytes } else { RateUnit::Ops };
+            keys[i].map(|v| match v {
+                // A u64 as f64 is finite and non-negative: `new` cannot fail.
+                Some(n) => Rate::new(n as f64, unit).unwrap_or(Rate::unlimited(unit)),
+                None => Rate::unlimited(unit),
+            })
         };
-        let o = |v: Option<Option<u64>>| {
-            v.map(|v| QosSpec::from_io_max(IoMax { riops: v, ..IoMax::UNLIMITED }).riops.unwrap_or(Rate::UNLIMITED))
-        };
-        let [rbps, wbps, riops, wiops] = line.keys;
-        QosSpec { rbps: b(rbps), wbps: b(wbps), riops: o(riops), wiops: o(wiops), refill_period: None }
+        QosSpec { rbps: rate(0), wbps: rate(1), riops: rate(2), wiops: rate(3), refill_period: None }
     }
 
     /// The limits, kernel-style (a key not set is unlimited).

@@ -101,16 +101,22 @@ impl Volume {
             (_, Some(i)) => Match::instance(i),
             (_, None) => unreachable!("every non-context volume has an instance"),
         };
-        let spec = QosSpec { refill_period: self.refill_period, ..QosSpec::from_io_max(self.limits) };
         [
             Rule::CreateChannel { channel: self.name.clone(), matches: Some(matches) },
             Rule::CreateObject {
                 channel: self.name.clone(),
                 object: VOLUME_OBJECT.to_owned(),
-                spec: ObjectSpec::Qos(spec),
+                spec: ObjectSpec::Qos(self.spec()),
                 matches: None,
             },
         ]
+    }
+
+    /// Its QoS object's spec: every key (`max` where unset) and the refill
+    /// period. As a change (`configure`), it sets the volume back to what
+    /// the file says.
+    pub fn spec(&self) -> QosSpec {
+        QosSpec { refill_period: self.refill_period, ..QosSpec::from_io_max(self.limits) }
     }
 
     /// A live change of a volume's limits from an `io.max` line naming it
@@ -257,10 +263,9 @@ impl VolumeTable {
             Some(l) => IoMax::parse(l).map_err(|e| err("limits", e.to_string()))?,
             None => IoMax::UNLIMITED,
         };
-        QosSpec { refill_period: self.refill_period, ..QosSpec::from_io_max(limits) }
-            .validate()
-            .map_err(|e| err(&e.field, e.message))?;
-        Ok(Volume { name, selector, instance, limits, refill_period: self.refill_period, tag, location })
+        let v = Volume { name, selector, instance, limits, refill_period: self.refill_period, tag, location };
+        v.spec().validate().map_err(|e| Error::rule(&v.location, Some(&e.field), e.message))?;
+        Ok(v)
     }
 }
 

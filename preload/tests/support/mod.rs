@@ -12,6 +12,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use kv_stage::iomax::split_dev;
+
 /// `target/<profile>`: the directory of the running test or example's
 /// profile (tests live in `deps/`, examples in `examples/`).
 pub fn profile_dir() -> PathBuf {
@@ -241,9 +243,7 @@ impl Drop for BlkioCgroup {
 
 /// The block device under `path` (its whole disk, for the throttle).
 pub fn device_of(path: &Path) -> (u32, u32) {
-    let dev = fs::metadata(path).unwrap().dev();
-    let (major, minor) =
-        (((dev >> 32) & 0xffff_f000 | (dev >> 8) & 0xfff) as u32, ((dev >> 12) & 0xffff_ff00 | dev & 0xff) as u32);
+    let (major, minor) = split_dev(fs::metadata(path).unwrap().dev());
     let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
     if sys.join("partition").exists()
         && let Ok(parent) = fs::read_to_string(sys.join("../dev"))
