@@ -11,6 +11,10 @@ fi
 command -v c++ >/dev/null || need+=(g++)
 # The preload library's tests run Debian's fio.
 command -v fio >/dev/null || need+=(fio)
+# kv-remote generates its gRPC code from a .proto file with protoc.
+if [ -z "${PROTOC:-}" ] && ! command -v protoc >/dev/null; then
+    need+=(protobuf-compiler)
+fi
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

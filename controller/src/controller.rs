@@ -20,14 +20,29 @@ use crate::policy::{
 };
 use crate::signals::{ProcIoRates, ProcIoSampler};
 
-/// How the controller reaches a stage: in-process now; a remote stage can
-/// implement this over a socket later.
+/// How the controller reaches a stage: in its own process ([`Stage`]
+/// implements this), or over the network (`kv_remote::RemoteStage`).
+///
+/// Each cycle the loop calls [`begin_cycle`](Self::begin_cycle) on every
+/// handle, then [`collect`](Self::collect) on each, decides, configures
+/// objects with [`ObjectControl::configure_deferred`], and ends with
+/// [`finish_cycle`](Self::finish_cycle) on every handle: a remote handle
+/// sends its calls for all stages at once and waits for them together.
 pub trait StageHandle: Send + Sync {
-    /// Monotonic counters (see [`Stage::collect`]).
-    fn collect(&self) -> Collection;
+    /// Monotonic counters (see [`Stage::collect`]). An error (a stage that
+    /// cannot be reached) leaves the instance out of this cycle.
+    fn collect(&self) -> std::result::Result<Collection, HandleError>;
     /// Layout and identity (see [`Stage::stage_info`]). The loop asks again
     /// only when [`Collection::generation`] says the layout changed.
-    fn stage_info(&self) -> StageInfo;
+    fn stage_info(&self) -> std::result::Result<StageInfo, HandleError>;
+    /// A cycle starts: a handle that can fetch its counters ahead (a
+    /// remote one) starts now, so every stage is asked at once.
+    fn begin_cycle(&self) {}
+    /// The cycle's changes were all made: a handle that deferred them
+    /// waits for them here and returns those that failed.
+    fn finish_cycle(&self) -> Vec<(ObjectRef, String)> {
+        Vec::new()
+    }
     /// Applies rules, all or nothing (see [`Stage::apply`]).
     fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport>;
     /// A handle on one object, which the loop keeps (until the layout
@@ -49,7 +64,19 @@ pub trait ObjectControl: Send + Sync {
     fn check(&self, set: &ObjectConfig) -> kv_stage::Result<()>;
     /// Applies a change (checking it first).
     fn configure(&self, set: &ObjectConfig) -> kv_stage::Result<()>;
+    /// Applies a change, or starts to: a remote object sends it and its
+    /// stage handle reports the outcome in [`StageHandle::finish_cycle`].
+    /// By default the same as [`configure`](Self::configure).
+    fn configure_deferred(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+        self.configure(set)
+    }
 }
+
+/// A stage handle could not do what was asked (a remote stage that cannot
+/// be reached, refused the call, or sent what could not be read).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HandleError(pub String);
 
 impl ObjectControl for ObjectHandle {
     fn check(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
@@ -61,11 +88,11 @@ impl ObjectControl for ObjectHandle {
 }
 
 impl StageHandle for Stage {
-    fn collect(&self) -> Collection {
-        Stage::collect(self)
+    fn collect(&self) -> std::result::Result<Collection, HandleError> {
+        Ok(Stage::collect(self))
     }
-    fn stage_info(&self) -> StageInfo {
-        Stage::stage_info(self)
+    fn stage_info(&self) -> std::result::Result<StageInfo, HandleError> {
+        Ok(Stage::stage_info(self))
     }
     fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
         Stage::apply(self, rules)
@@ -93,11 +120,17 @@ impl WithPressure {
 }
 
 impl StageHandle for WithPressure {
-    fn collect(&self) -> Collection {
+    fn collect(&self) -> std::result::Result<Collection, HandleError> {
         self.inner.collect()
     }
-    fn stage_info(&self) -> StageInfo {
+    fn stage_info(&self) -> std::result::Result<StageInfo, HandleError> {
         self.inner.stage_info()
+    }
+    fn begin_cycle(&self) {
+        self.inner.begin_cycle();
+    }
+    fn finish_cycle(&self) -> Vec<(ObjectRef, String)> {
+        self.inner.finish_cycle()
     }
     fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
         self.inner.apply(rules)
@@ -142,6 +175,9 @@ pub struct InstanceInputs {
     /// The store's pressure, when the handle reports it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pressure: Option<Pressure>,
+    /// Why the instance could not be read this cycle (it was left out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One cycle of the control loop: what was observed, what was decided.
@@ -153,6 +189,11 @@ pub struct DecisionRecord {
     pub t_ms: f64,
     /// Milliseconds since the previous cycle.
     pub interval_ms: f64,
+    /// Wall-clock time the cycle started, milliseconds since the Unix
+    /// epoch (to line a cycle up with events in other processes).
+    pub unix_ms: u64,
+    /// How long the cycle took (collect, decide, apply), in milliseconds.
+    pub cycle_ms: f64,
     /// The policy.
     pub policy: &'static str,
     /// Per-instance inputs.
@@ -232,18 +273,35 @@ pub struct ControllerBuilder {
     policy: Option<Box<dyn Policy>>,
     proc_pid: Option<u32>,
     max_log: usize,
+    late_instances: bool,
 }
 
 impl ControllerBuilder {
     /// Starts from a configuration.
     pub fn new(config: ControllerConfig) -> Self {
-        ControllerBuilder { config, instances: Vec::new(), policy: None, proc_pid: None, max_log: DEFAULT_MAX_LOG }
+        ControllerBuilder {
+            config,
+            instances: Vec::new(),
+            policy: None,
+            proc_pid: None,
+            max_log: DEFAULT_MAX_LOG,
+            late_instances: false,
+        }
     }
 
     /// Binds an instance name to a stage. For fair-share policies every
     /// configured instance must be bound, and only those.
     pub fn instance(mut self, name: impl Into<String>, handle: Arc<dyn StageHandle>) -> Self {
         self.instances.push((name.into(), handle));
+        self
+    }
+
+    /// Lets configured instances join later ([`Controller::join`]), as
+    /// remote stages do when they connect: the controller may start with
+    /// none bound. Bind-time checks of a joining stage are the caller's
+    /// ([`check_binding`]).
+    pub fn late_instances(mut self) -> Self {
+        self.late_instances = true;
         self
     }
 
@@ -276,7 +334,7 @@ impl ControllerBuilder {
                 return Err(Error::config(&format!("instance[{i}]"), format!("instance '{name}' is bound twice")));
             }
         }
-        if self.instances.is_empty() {
+        if self.instances.is_empty() && !self.late_instances {
             return Err(Error::config("instances", "bind at least one instance to a stage"));
         }
         if self.policy.is_none()
@@ -284,7 +342,7 @@ impl ControllerBuilder {
             && self.config.policy != PolicyKind::Silk
         {
             for (i, inst) in fs.instances.iter().enumerate() {
-                if !self.instances.iter().any(|(n, _)| n == &inst.name) {
+                if !self.late_instances && !self.instances.iter().any(|(n, _)| n == &inst.name) {
                     return Err(Error::config(
                         &format!("fair_share.instance[{i}].name"),
                         format!("instance '{}' is not bound to a stage", inst.name),
@@ -298,35 +356,15 @@ impl ControllerBuilder {
             }
             for (i, inst) in fs.instances.iter().enumerate() {
                 let Some((_, handle)) = self.instances.iter().find(|(n, _)| n == &inst.name) else { continue };
-                let info = handle.stage_info();
-                let object = info
-                    .channels
-                    .iter()
-                    .find(|c| c.id == inst.channel)
-                    .ok_or_else(|| {
-                        Error::config(
-                            &format!("fair_share.instance[{i}].channel"),
-                            format!("stage '{}' has no channel '{}'", info.name, inst.channel),
-                        )
-                    })?
-                    .objects
-                    .iter()
-                    .find(|o| o.id == inst.object)
-                    .ok_or_else(|| {
-                        Error::config(
-                            &format!("fair_share.instance[{i}].object"),
-                            format!(
-                                "channel '{}' of stage '{}' has no object '{}'",
-                                inst.channel, info.name, inst.object
-                            ),
-                        )
-                    })?;
-                if object.kind != kv_stage::ObjectKind::Drl {
-                    return Err(Error::config(
-                        &format!("fair_share.instance[{i}].object"),
-                        format!("'{}/{}' is a {}, not a drl", inst.channel, inst.object, object.kind),
-                    ));
-                }
+                let info = handle.stage_info().map_err(|e| {
+                    Error::config(&format!("fair_share.instance[{i}]"), format!("stage of '{}': {e}", inst.name))
+                })?;
+                check_binding(inst, &info).map_err(|e| match e {
+                    Error::Config { key, message } => {
+                        Error::Config { key: format!("fair_share.instance[{i}].{key}"), message }
+                    }
+                    other => other,
+                })?;
             }
         }
         let log_file = match &self.config.log {
@@ -437,21 +475,46 @@ impl LoopState {
     fn cycle(&mut self) {
         self.apply_changes();
         let now = Instant::now();
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let interval = self.last_cycle.map_or(Duration::ZERO, |t| now - t);
         self.last_cycle = Some(now);
         let cycle = self.shared.cycles.load(Ordering::Relaxed);
 
         let mut views = Vec::with_capacity(self.instances.len());
         let mut inputs = Vec::with_capacity(self.instances.len());
+        for inst in &self.instances {
+            inst.handle.begin_cycle();
+        }
         for inst in &mut self.instances {
-            let collection = Arc::new(inst.handle.collect());
-            let info = match &inst.info {
-                Some(i) if i.generation == collection.generation => Arc::clone(i),
-                _ => {
-                    inst.objects.clear();
-                    let i = Arc::new(inst.handle.stage_info());
-                    inst.info = Some(Arc::clone(&i));
-                    i
+            let fetched = inst.handle.collect().and_then(|c| {
+                let info = match &inst.info {
+                    Some(i) if i.generation == c.generation => Arc::clone(i),
+                    _ => {
+                        inst.objects.clear();
+                        inst.info = None;
+                        let i = Arc::new(inst.handle.stage_info()?);
+                        inst.info = Some(Arc::clone(&i));
+                        i
+                    }
+                };
+                Ok((c, info))
+            });
+            let (collection, info) = match fetched {
+                Ok((c, i)) => (Arc::new(c), i),
+                Err(e) => {
+                    // Left out of this cycle (a policy shares among those it
+                    // sees); rates are taken afresh when it is back.
+                    inst.previous = None;
+                    inputs.push(InstanceInputs {
+                        instance: inst.name.clone(),
+                        context_bps: Vec::new(),
+                        running_jobs: Vec::new(),
+                        pressure: None,
+                        error: Some(e.to_string()),
+                    });
+                    continue;
                 }
             };
             let previous = inst.previous.replace(Arc::clone(&collection));
@@ -484,6 +547,7 @@ impl LoopState {
                     v
                 },
                 pressure,
+                error: None,
             });
             views.push(InstanceView {
                 pressure,
@@ -520,6 +584,8 @@ impl LoopState {
             cycle,
             t_ms: obs.elapsed.as_secs_f64() * 1e3,
             interval_ms: interval.as_secs_f64() * 1e3,
+            unix_ms,
+            cycle_ms: 0.0,
             policy: self.policy.name(),
             inputs,
             proc_io: obs.proc_io,
@@ -535,6 +601,7 @@ impl LoopState {
             }
             Ok(decision) => self.apply(decision, &mut record),
         }
+        record.cycle_ms = now.elapsed().as_secs_f64() * 1e3;
         self.shared.cycles.fetch_add(1, Ordering::Relaxed);
         if let Some(f) = &mut self.log_file
             && let Ok(line) = serde_json::to_string(&record)
@@ -592,7 +659,7 @@ impl LoopState {
             if checked.is_ok() {
                 for (o, rate, h) in &changes {
                     if let Ok(h) = h
-                        && h.configure(&config(*rate)).is_ok()
+                        && h.configure_deferred(&config(*rate)).is_ok()
                     {
                         match inst.current.iter_mut().find(|(x, _)| x == o) {
                             Some(c) => c.1 = *rate,
@@ -611,12 +678,57 @@ impl LoopState {
                 });
             }
         }
+        // Deferred changes (remote stages) were sent to every stage at
+        // once; those that failed are marked and not taken as set.
+        for inst in &mut self.instances {
+            for (o, e) in inst.handle.finish_cycle() {
+                inst.current.retain(|(x, _)| *x != o);
+                inst.objects.remove(&o);
+                if let Some(s) = record
+                    .settings
+                    .iter_mut()
+                    .find(|s| s.instance == inst.name && s.channel == o.channel && s.object == o.object)
+                {
+                    s.error = Some(e);
+                }
+            }
+        }
     }
 }
 
 /// One rate to set on one object, with the handle to set it through (or
 /// why there is none).
 type RateChange = (ObjectRef, f64, std::result::Result<Arc<dyn ObjectControl>, String>);
+
+/// Joins and removes instances of a running [`Controller`] from another
+/// thread (see [`Controller::handle`]); does not keep the loop running.
+#[derive(Clone)]
+pub struct ControllerHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ControllerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerHandle").finish_non_exhaustive()
+    }
+}
+
+impl ControllerHandle {
+    /// See [`Controller::join`].
+    pub fn join(&self, config: InstanceConfig, handle: Arc<dyn StageHandle>) {
+        self.shared.changes.lock().unwrap_or_else(|e| e.into_inner()).push(Change::Join(config, handle));
+    }
+
+    /// See [`Controller::leave`].
+    pub fn leave(&self, name: &str) {
+        self.shared.changes.lock().unwrap_or_else(|e| e.into_inner()).push(Change::Leave(name.to_owned()));
+    }
+
+    /// Cycles run so far.
+    pub fn cycles(&self) -> u64 {
+        self.shared.cycles.load(Ordering::Relaxed)
+    }
+}
 
 /// A running control loop. Stops (and joins its thread) when dropped.
 pub struct Controller {
@@ -649,6 +761,11 @@ impl Controller {
     /// The decision log so far.
     pub fn log(&self) -> Vec<DecisionRecord> {
         self.shared.log.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+    }
+
+    /// A handle other threads can join and remove instances through.
+    pub fn handle(&self) -> ControllerHandle {
+        ControllerHandle { shared: Arc::clone(&self.shared) }
     }
 
     /// An instance joins (fair-share policies start sharing with it at the
@@ -696,4 +813,32 @@ fn check_rates(d: &Decision) -> std::result::Result<(), PolicyError> {
 /// Rates of a request context in a record's inputs (0 when absent).
 pub fn context_rate(inputs: &InstanceInputs, ctx: RequestContext) -> f64 {
     inputs.context_bps.iter().find(|(c, _)| c == ctx.name()).map_or(0.0, |(_, r)| *r)
+}
+
+/// Checks that a fair-share instance's channel and object exist on a stage
+/// and that the object is a DRL (errors name `channel` or `object`).
+pub fn check_binding(instance: &InstanceConfig, info: &StageInfo) -> Result<()> {
+    let object = info
+        .channels
+        .iter()
+        .find(|c| c.id == instance.channel)
+        .ok_or_else(|| {
+            Error::config("channel", format!("stage '{}' has no channel '{}'", info.name, instance.channel))
+        })?
+        .objects
+        .iter()
+        .find(|o| o.id == instance.object)
+        .ok_or_else(|| {
+            Error::config(
+                "object",
+                format!("channel '{}' of stage '{}' has no object '{}'", instance.channel, info.name, instance.object),
+            )
+        })?;
+    if object.kind != kv_stage::ObjectKind::Drl {
+        return Err(Error::config(
+            "object",
+            format!("'{}/{}' is a {}, not a drl", instance.channel, instance.object, object.kind),
+        ));
+    }
+    Ok(())
 }

@@ -65,8 +65,8 @@ mod signals;
 
 pub use config::{ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig};
 pub use controller::{
-    AppliedSetting, Controller, ControllerBuilder, DecisionRecord, InstanceInputs, ObjectControl, RATE_FLOOR,
-    StageHandle, WithPressure, context_rate,
+    AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DecisionRecord, HandleError, InstanceInputs,
+    ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{

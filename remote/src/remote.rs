@@ -1,0 +1,553 @@
+//! The controller side: a stage reached over the network, behind the same
+//! [`StageHandle`] every policy uses in-process.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use controller::{HandleError, ObjectControl, ObjectRef, StageHandle};
+use kv_stage::{
+    ApplyReport, Collection, DrlSettings, EnforcementObject as _, Object, ObjectConfig, ObjectSpec, RULES_VERSION,
+    RuleSet, RulesFormat, StageInfo,
+};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use crate::agent::Endpoint;
+use crate::convert;
+use crate::error::{Error, Result};
+use crate::pb;
+use crate::pb::stage_agent_client::StageAgentClient;
+use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, TOKEN_KEY};
+
+/// How a controller talks to agents.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Sent as `authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// Deadline of one call (default 2 s).
+    pub timeout: Duration,
+    /// Deadline of connecting (default 1 s).
+    pub connect_timeout: Duration,
+    /// The lease every change carries and every collect renews (default
+    /// 0: none, the changes stay until changed again). A controller sets a
+    /// few control intervals.
+    pub lease: Duration,
+    /// Caps a message's size either way (default 4 MiB).
+    pub max_message: usize,
+    /// The protocol version sent (tests set another to see it refused).
+    pub protocol_version: u32,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            token: None,
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+            lease: Duration::ZERO,
+            max_message: crate::agent::DEFAULT_MAX_MESSAGE,
+            protocol_version: PROTOCOL_VERSION,
+        }
+    }
+}
+
+/// Connects to agents; owns the client runtime (two worker threads named
+/// `kvsds-client`) every stage it connects shares.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    runtime: Option<tokio::runtime::Runtime>,
+    options: ClientOptions,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Inner {
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.runtime.as_ref().expect("the runtime lives as long as Inner")
+    }
+
+    /// Runs a future to completion from a plain thread.
+    fn block_on<F: std::future::Future>(&self, f: F) -> std::result::Result<F::Output, String> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err("a blocking remote-stage call was made from inside a tokio runtime \
+                 (call it from tokio::task::spawn_blocking)"
+                .into());
+        }
+        Ok(self.rt().block_on(f))
+    }
+}
+
+impl Connector {
+    /// A connector with these options.
+    pub fn new(options: ClientOptions) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kvsds-client")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Remote { endpoint: "-".into(), message: format!("client runtime: {e}") })?;
+        Ok(Connector { inner: Arc::new(Inner { runtime: Some(runtime), options }) })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// Connects and shakes hands: the agent's stage, its instances and
+    /// what it speaks. Refused versions and tokens are errors naming the
+    /// agent's status.
+    pub fn connect(&self, endpoint: &Endpoint) -> Result<RemoteStage> {
+        let inner = Arc::clone(&self.inner);
+        let remote = |message: String| Error::Remote { endpoint: endpoint.to_string(), message };
+        let ep = endpoint.clone();
+        let opts = inner.options.clone();
+        let channel = inner
+            .block_on(async move {
+                let connect = async {
+                    match &ep {
+                        Endpoint::Tcp(addr) => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                            .map_err(|e| e.to_string())?
+                            .connect_timeout(opts.connect_timeout)
+                            .tcp_nodelay(true)
+                            .connect()
+                            .await
+                            .map_err(|e| transport_message(&e)),
+                        Endpoint::Unix(path) => {
+                            let path = path.clone();
+                            tonic::transport::Endpoint::from_static("http://[::1]:1")
+                                .connect_timeout(opts.connect_timeout)
+                                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                                    let path = path.clone();
+                                    async move {
+                                        let s = tokio::net::UnixStream::connect(path).await?;
+                                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                                    }
+                                }))
+                                .await
+                                .map_err(|e| transport_message(&e))
+                        }
+                    }
+                };
+                tokio::time::timeout(opts.connect_timeout, connect)
+                    .await
+                    .unwrap_or_else(|_| Err(format!("connecting timed out after {:?}", opts.connect_timeout)))
+            })
+            .map_err(remote)?
+            .map_err(remote)?;
+        let client = StageAgentClient::new(channel)
+            .max_decoding_message_size(inner.options.max_message)
+            .max_encoding_message_size(inner.options.max_message);
+        let stage = RemoteStage {
+            inner,
+            client,
+            endpoint: endpoint.clone(),
+            hello: pb::HandshakeReply::default(),
+            pending_collect: Mutex::new(None),
+            pending_configure: Arc::new(Mutex::new(Vec::new())),
+            info: Mutex::new(None),
+            failures: AtomicU64::new(0),
+            last_ok: Mutex::new(Instant::now()),
+            dropped_contexts: AtomicU64::new(0),
+        };
+        let hello = stage
+            .call(
+                |mut c, r| async move { c.handshake(r).await },
+                pb::HandshakeRequest {
+                    protocol_version: stage.inner.options.protocol_version,
+                    client: format!("kvsds-controller pid {}", std::process::id()),
+                },
+            )
+            .map_err(remote)?;
+        Ok(RemoteStage { hello, ..stage })
+    }
+}
+
+fn transport_message(e: &tonic::transport::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(x) = src {
+        s += &format!(": {x}");
+        src = x.source();
+    }
+    s
+}
+
+fn status_message(s: &Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
+/// An object's configuration as [`RemoteStage::settings`] reads it:
+/// channel, object, spec.
+pub type ObjectSetting = (String, String, ObjectSpec);
+
+type Pending<T> = JoinHandle<std::result::Result<T, Status>>;
+
+/// A stage in another process (or host), reached through its agent.
+///
+/// Implements [`StageHandle`], so a [`controller::Controller`] drives it as
+/// it drives a [`kv_stage::Stage`]: every cycle the counters of all remote
+/// stages are fetched at once ([`StageHandle::begin_cycle`]), and the
+/// cycle's changes are sent at once and awaited together
+/// ([`StageHandle::finish_cycle`]). A change is checked here first, with
+/// the same code the stage checks it with (a local copy of the object built
+/// from its spec), so a bad value is refused before it is sent.
+pub struct RemoteStage {
+    inner: Arc<Inner>,
+    client: StageAgentClient<Channel>,
+    endpoint: Endpoint,
+    hello: pb::HandshakeReply,
+    pending_collect: Mutex<Option<Pending<pb::CollectReply>>>,
+    pending_configure: PendingChanges,
+    info: Mutex<Option<Arc<StageInfo>>>,
+    failures: AtomicU64,
+    last_ok: Mutex<Instant>,
+    dropped_contexts: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStage").field("endpoint", &self.endpoint).field("stage", &self.hello.stage).finish()
+    }
+}
+
+impl RemoteStage {
+    /// Where the agent is.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The stage's name, as its agent said in the handshake.
+    pub fn name(&self) -> &str {
+        &self.hello.stage
+    }
+
+    /// The stage's id (new for every process run).
+    pub fn stage_id(&self) -> u64 {
+        self.hello.stage_id
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.hello.pid
+    }
+
+    /// The handshake's answer (capabilities, lease, fallback).
+    pub fn hello(&self) -> &pb::HandshakeReply {
+        &self.hello
+    }
+
+    /// Calls that failed in a row (0 after a success).
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// When a call last succeeded.
+    pub fn last_ok(&self) -> Instant {
+        *self.last_ok.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Contexts the stage reported that could not be named here (see the
+    /// `convert` module).
+    pub fn dropped_contexts(&self) -> u64 {
+        self.dropped_contexts.load(Ordering::Relaxed)
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        request(&self.inner.options, msg)
+    }
+
+    fn note<T, E>(&self, r: std::result::Result<T, E>) -> std::result::Result<T, E> {
+        match &r {
+            Ok(_) => {
+                self.failures.store(0, Ordering::Relaxed);
+                *self.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            }
+            Err(_) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    /// One blocking call.
+    fn call<T, R, F, Fut>(&self, f: F, msg: T) -> std::result::Result<R, String>
+    where
+        F: FnOnce(StageAgentClient<Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<R>, Status>>,
+    {
+        let fut = f(self.client.clone(), self.request(msg));
+        let r =
+            self.inner.block_on(fut).and_then(|r| r.map(tonic::Response::into_inner).map_err(|s| status_message(&s)));
+        self.note(r)
+    }
+
+    fn spawn_collect(&self, with_settings: bool) -> Pending<pb::CollectReply> {
+        let mut client = self.client.clone();
+        let req = self.request(pb::CollectRequest { lease_ms: millis(self.inner.options.lease), with_settings });
+        self.inner.rt().spawn(async move { client.collect(req).await.map(tonic::Response::into_inner) })
+    }
+
+    fn wait<T>(&self, p: Pending<T>) -> std::result::Result<T, String> {
+        let r = self.inner.block_on(p).and_then(|j| match j {
+            Ok(r) => r.map_err(|s| status_message(&s)),
+            Err(e) => Err(format!("call aborted: {e}")),
+        });
+        self.note(r)
+    }
+
+    fn decode_collection(&self, reply: pb::CollectReply) -> std::result::Result<Collection, String> {
+        let c = reply.collection.ok_or("the reply has no collection")?;
+        if c.stage_id != self.hello.stage_id {
+            return Err(format!(
+                "the stage was restarted (id {} at the handshake, {} now): connect again",
+                self.hello.stage_id, c.stage_id
+            ));
+        }
+        let d = convert::from_collection(c);
+        self.dropped_contexts.fetch_add(d.dropped_contexts as u64, Ordering::Relaxed);
+        Ok(d.value)
+    }
+
+    /// The stage's counters now (blocking).
+    pub fn collect_now(&self) -> Result<Collection> {
+        let p = self.spawn_collect(false);
+        self.wait(p).and_then(|r| self.decode_collection(r)).map_err(|m| self.error(m))
+    }
+
+    /// Every object's configuration now (channel, object, spec), and the
+    /// lease's state.
+    pub fn settings(&self) -> Result<(Vec<ObjectSetting>, pb::LeaseState)> {
+        let p = self.spawn_collect(true);
+        let reply = self.wait(p).map_err(|m| self.error(m))?;
+        let mut out = Vec::new();
+        for s in reply.settings {
+            let spec: ObjectSpec = serde_json::from_str(&s.spec_json)
+                .map_err(|e| self.error(format!("object {}/{}: spec: {e}", s.channel, s.object)))?;
+            out.push((s.channel, s.object, spec));
+        }
+        Ok((out, reply.lease.unwrap_or_default()))
+    }
+
+    /// The stage's layout (blocking).
+    pub fn stage_info_now(&self) -> Result<StageInfo> {
+        let reply = self
+            .call(|mut c, r| async move { c.get_stage_info(r).await }, pb::StageInfoRequest {})
+            .map_err(|m| self.error(m))?;
+        let info = reply.info.ok_or_else(|| self.error("the reply has no stage info".into()))?;
+        let d = convert::from_stage_info(info).map_err(|m| self.error(m))?;
+        self.dropped_contexts.fetch_add(d.dropped_contexts as u64, Ordering::Relaxed);
+        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(d.value.clone()));
+        Ok(d.value)
+    }
+
+    /// Applies rules text (in a rules file's format), all or nothing.
+    pub fn apply_text(&self, text: &str, format: RulesFormat, source: &str) -> Result<ApplyReport> {
+        let format = match format {
+            RulesFormat::Toml => pb::RulesFormat::Toml,
+            RulesFormat::Json => pb::RulesFormat::Json,
+            RulesFormat::Paio => pb::RulesFormat::Paio,
+        };
+        let reply = self
+            .call(
+                |mut c, r| async move { c.apply_rules(r).await },
+                pb::ApplyRulesRequest {
+                    format: format as i32,
+                    text: text.to_owned(),
+                    source: source.to_owned(),
+                    lease_ms: millis(self.inner.options.lease),
+                },
+            )
+            .map_err(|m| self.error(m))?;
+        Ok(ApplyReport {
+            configured: usize::try_from(reply.configured).unwrap_or(usize::MAX),
+            generation: reply.generation,
+            warnings: reply.warnings,
+        })
+    }
+
+    /// Changes one object (blocking), under the connector's lease.
+    pub fn configure(&self, channel: &str, object: &str, set: &ObjectConfig) -> Result<()> {
+        let req = configure_request(channel, object, set, self.inner.options.lease);
+        self.call(|mut c, r| async move { c.configure(r).await }, req).map(|_| ()).map_err(|m| self.error(m))
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Remote { endpoint: self.endpoint.to_string(), message }
+    }
+
+    /// The wire client, with this connection's metadata added to each
+    /// request by [`RemoteStage::raw_request`] (tests send what a
+    /// well-behaved controller would not).
+    pub fn raw_client(&self) -> StageAgentClient<Channel> {
+        self.client.clone()
+    }
+
+    /// A request with this connection's metadata (version, token, deadline).
+    pub fn raw_request<T>(&self, msg: T) -> Request<T> {
+        self.request(msg)
+    }
+
+    /// Runs a future on the client runtime (with [`raw_client`](Self::raw_client)).
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output> {
+        self.inner.block_on(f).map_err(|m| self.error(m))
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn request<T>(o: &ClientOptions, msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.set_timeout(o.timeout);
+    let md = r.metadata_mut();
+    if let Ok(v) = o.protocol_version.to_string().parse() {
+        md.insert(PROTOCOL_VERSION_KEY, v);
+    }
+    if let Some(t) = &o.token
+        && let Ok(v) = format!("Bearer {t}").parse()
+    {
+        md.insert(TOKEN_KEY, v);
+    }
+    r
+}
+
+/// A change on the wire: a DRL's rate alone goes as a number, anything
+/// else as the rule's settings in JSON.
+fn configure_request(channel: &str, object: &str, set: &ObjectConfig, lease: Duration) -> pb::ConfigureRequest {
+    let rate_only = set.set_fields() == ["rate"];
+    let change = match set.parse::<DrlSettings>("DRL") {
+        Ok(DrlSettings { rate: Some(r), .. }) if rate_only && r.unit() == kv_stage::RateUnit::Bytes => {
+            pb::configure_request::Change::RateBps(r.per_sec())
+        }
+        _ => pb::configure_request::Change::SettingsJson(serde_json::to_string(set).unwrap_or_default()),
+    };
+    pb::ConfigureRequest {
+        channel: channel.to_owned(),
+        object: object.to_owned(),
+        change: Some(change),
+        lease_ms: millis(lease),
+    }
+}
+
+/// A rule set as a JSON rules file (the agent reads it as it reads files).
+fn rules_json(rules: &RuleSet) -> String {
+    let rules: Vec<&kv_stage::Rule> = rules.rules.iter().map(|e| &e.rule).collect();
+    serde_json::json!({ "version": RULES_VERSION, "rules": rules }).to_string()
+}
+
+impl StageHandle for RemoteStage {
+    fn collect(&self) -> std::result::Result<Collection, HandleError> {
+        let pending = self.pending_collect.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let p = pending.unwrap_or_else(|| self.spawn_collect(false));
+        self.wait(p).and_then(|r| self.decode_collection(r)).map_err(HandleError)
+    }
+
+    fn stage_info(&self) -> std::result::Result<StageInfo, HandleError> {
+        self.stage_info_now().map_err(|e| HandleError(e.to_string()))
+    }
+
+    fn begin_cycle(&self) {
+        let p = self.spawn_collect(false);
+        if let Some(old) = self.pending_collect.lock().unwrap_or_else(|e| e.into_inner()).replace(p) {
+            old.abort();
+        }
+    }
+
+    fn finish_cycle(&self) -> Vec<(ObjectRef, String)> {
+        let pending = std::mem::take(&mut *self.pending_configure.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut failed = Vec::new();
+        for (o, p) in pending {
+            if let Err(e) = self.wait(p) {
+                failed.push((o, e));
+            }
+        }
+        failed
+    }
+
+    fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
+        self.apply_text(&rules_json(rules), RulesFormat::Json, "controller")
+            .map_err(|e| kv_stage::Error::Invalid(e.to_string()))
+    }
+
+    fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn ObjectControl>> {
+        let info = self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+        let o = info.object(channel, object)?;
+        Some(Arc::new(RemoteObject {
+            inner: Arc::clone(&self.inner),
+            client: self.client.clone(),
+            target: ObjectRef::new(channel, object),
+            label: format!("{channel}/{object}"),
+            shadow: o.spec.as_ref().and_then(|s| s.build().ok()),
+            pending: Arc::clone(&self.pending_configure),
+        }))
+    }
+}
+
+type PendingChanges = Arc<Mutex<Vec<(ObjectRef, Pending<pb::ConfigureReply>)>>>;
+
+/// One object of a remote stage.
+struct RemoteObject {
+    inner: Arc<Inner>,
+    client: StageAgentClient<Channel>,
+    target: ObjectRef,
+    label: String,
+    /// A local object of the same kind and spec: checks a change as the
+    /// stage would (`None` for kinds this process cannot build).
+    shadow: Option<Object>,
+    pending: PendingChanges,
+}
+
+impl RemoteObject {
+    fn send(&self, set: &ObjectConfig) -> Pending<pb::ConfigureReply> {
+        let mut client = self.client.clone();
+        let req = request(
+            &self.inner.options,
+            configure_request(&self.target.channel, &self.target.object, set, self.inner.options.lease),
+        );
+        self.inner.rt().spawn(async move { client.configure(req).await.map(tonic::Response::into_inner) })
+    }
+}
+
+impl ObjectControl for RemoteObject {
+    fn check(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+        match &self.shadow {
+            Some(o) => o
+                .validate(set)
+                .map_err(|e| kv_stage::Error::Invalid(format!("{}: field `{}`: {}", self.label, e.field, e.message))),
+            None => Ok(()),
+        }
+    }
+
+    fn configure(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+        self.check(set)?;
+        let p = self.send(set);
+        match self.inner.block_on(p) {
+            Ok(Ok(Ok(_))) => Ok(()),
+            Ok(Ok(Err(s))) => Err(kv_stage::Error::Invalid(format!("{}: {}", self.label, status_message(&s)))),
+            Ok(Err(e)) => Err(kv_stage::Error::Invalid(format!("{}: call aborted: {e}", self.label))),
+            Err(m) => Err(kv_stage::Error::Invalid(m)),
+        }
+    }
+
+    fn configure_deferred(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+        self.check(set)?;
+        let p = self.send(set);
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((self.target.clone(), p));
+        Ok(())
+    }
+}

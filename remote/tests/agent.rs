@@ -1,0 +1,328 @@
+//! The agent against what a controller (or anyone on the socket) may send:
+//! refused versions and tokens, truncated and oversized frames, garbage
+//! bytes, a rules set with one bad rule, and leases that run out. Real
+//! agents on real sockets, in this process.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use controller::StageHandle;
+use kv_remote::{ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
+use kv_stage::{DrlSpec, Match, ObjectConfig, ObjectSpec, Rate, RequestContext, Rule, RuleSet, RulesFormat, Stage};
+
+fn stage(name: &str) -> Arc<Stage> {
+    let stage = Arc::new(Stage::new(name));
+    stage
+        .apply_rules([
+            Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
+            Rule::CreateObject {
+                channel: "fg".into(),
+                object: "drl".into(),
+                spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
+                matches: None,
+            },
+        ])
+        .unwrap();
+    stage
+}
+
+fn loopback() -> Endpoint {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn drl_rate(stage: &Stage) -> Rate {
+    match stage.object("fg", "drl").unwrap().spec() {
+        Some(ObjectSpec::Drl(s)) => s.rate,
+        other => panic!("not a drl: {other:?}"),
+    }
+}
+
+fn connector(f: impl FnOnce(&mut ClientOptions)) -> Connector {
+    let mut o = ClientOptions::default();
+    f(&mut o);
+    Connector::new(o).unwrap()
+}
+
+/// The agent still serves its stage: a fresh, well-behaved client reads it.
+fn still_serves(agent: &StageAgent, token: Option<&str>) {
+    let c = connector(|o| o.token = token.map(str::to_owned));
+    let remote = c.connect(agent.endpoint()).expect("the agent still answers");
+    remote.collect_now().expect("and collects");
+}
+
+#[test]
+fn wrong_protocol_version_is_refused_by_name() {
+    let s = stage("versions");
+    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let err = connector(|o| o.protocol_version = 2).connect(agent.endpoint()).unwrap_err().to_string();
+    assert!(err.contains("FailedPrecondition") && err.contains("protocol version 2 is not supported"), "{err}");
+    assert!(err.contains("kvsds.control.v1"), "{err}");
+    assert_eq!(agent.stats().refused_version, 1);
+    still_serves(&agent, None);
+}
+
+#[test]
+fn tokens_are_checked_and_refusals_counted() {
+    let s = stage("tokens");
+    let agent = StageAgent::builder(Arc::clone(&s)).token("s3cret-token").serve(&loopback()).unwrap();
+    let wrong = connector(|o| o.token = Some("guess".into())).connect(agent.endpoint()).unwrap_err().to_string();
+    assert!(wrong.contains("Unauthenticated") && wrong.contains("wrong token"), "{wrong}");
+    let none = connector(|_| {}).connect(agent.endpoint()).unwrap_err().to_string();
+    assert!(none.contains("Unauthenticated") && none.contains("needs a token"), "{none}");
+    assert_eq!(agent.stats().refused_token, 2);
+    still_serves(&agent, Some("s3cret-token"));
+    assert_eq!(agent.stats().refused_token, 2);
+}
+
+#[test]
+fn listening_beyond_loopback_needs_a_flag_and_a_token() {
+    let s = stage("remote");
+    let any: Endpoint = "0.0.0.0:0".parse().unwrap();
+    let e = StageAgent::serve(Arc::clone(&s), &any).unwrap_err().to_string();
+    assert!(e.contains("not a loopback address") && e.contains("allow_remote"), "{e}");
+    let e = StageAgent::builder(Arc::clone(&s)).allow_remote(true).serve(&any).unwrap_err().to_string();
+    assert!(e.contains("set a token"), "{e}");
+    assert!("nonsense".parse::<Endpoint>().unwrap_err().to_string().contains("endpoint 'nonsense'"));
+}
+
+#[test]
+fn a_rules_set_with_one_bad_rule_applies_nothing() {
+    let s = stage("rules");
+    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let remote = connector(|_| {}).connect(agent.endpoint()).unwrap();
+    let generation = s.collect().generation;
+    let text = r#"version = 1
+
+[[rules]]
+op = "create_channel"
+channel = "backup"
+
+[[rules]]
+op = "configure"
+channel = "fg"
+object = "drl"
+set = { rate = "8MiB/s" }
+
+[[rules]]
+op = "create_object"
+channel = "backup"
+object = "drl"
+spec = { kind = "drl", rate = "-5MiB/s" }
+"#;
+    let err = remote.apply_text(text, RulesFormat::Toml, "tenant.toml").unwrap_err().to_string();
+    assert!(err.contains("InvalidArgument") && err.contains("tenant.toml:13") && err.contains("negative"), "{err}");
+    assert_eq!(s.collect().generation, generation, "nothing applied");
+    assert!(s.stage_info().channels.iter().all(|c| c.id != "backup"));
+    assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap(), "the good configure rule was not applied either");
+    assert_eq!(agent.stats().refused_invalid, 1);
+    // Through the StageHandle interface (a RuleSet built in code): the same.
+    let bad = RuleSet::from_rules([
+        Rule::configure("fg", "drl", ObjectConfig::rate("1MiB/s".parse().unwrap())),
+        Rule::configure("fg", "nope", ObjectConfig::rate("1MiB/s".parse().unwrap())),
+    ]);
+    let err = StageHandle::apply(&remote, &bad).unwrap_err().to_string();
+    assert!(err.contains("nope"), "{err}");
+    assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
+    // Unknown object, bad rate, no change: refused by name.
+    let err = remote.configure("fg", "missing", &ObjectConfig::rate("1MiB/s".parse().unwrap())).unwrap_err();
+    assert!(err.to_string().contains("NotFound") && err.to_string().contains("fg/missing"), "{err}");
+    let mut raw = remote.raw_client();
+    let status = remote
+        .block_on(raw.configure(remote.raw_request(pb::ConfigureRequest {
+            channel: "fg".into(),
+            object: "drl".into(),
+            change: Some(pb::configure_request::Change::RateBps(f64::NAN)),
+            lease_ms: 0,
+        })))
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("rate_bps"), "{status:?}");
+    let status = remote
+        .block_on(raw.configure(remote.raw_request(pb::ConfigureRequest {
+            channel: "fg".into(),
+            object: "drl".into(),
+            change: None,
+            lease_ms: 0,
+        })))
+        .unwrap()
+        .unwrap_err();
+    assert!(status.message().contains("field `change`"), "{status:?}");
+    assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
+    // A good change goes through.
+    remote.configure("fg", "drl", &ObjectConfig::rate("8MiB/s".parse().unwrap())).unwrap();
+    assert_eq!(drl_rate(&s), "8MiB/s".parse().unwrap());
+}
+
+#[test]
+fn a_100_mib_message_is_refused_and_the_stage_keeps_serving() {
+    let s = stage("big");
+    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let remote = connector(|o| {
+        o.max_message = 200 << 20;
+        o.timeout = Duration::from_secs(20);
+    })
+    .connect(agent.endpoint())
+    .unwrap();
+    let generation = s.collect().generation;
+    let text = "#".repeat(100 << 20);
+    let err = remote.apply_text(&text, RulesFormat::Toml, "huge").unwrap_err().to_string();
+    assert!(err.contains("OutOfRange") || err.contains("ResourceExhausted"), "{err}");
+    assert!(err.contains("too large"), "{err}");
+    assert_eq!(s.collect().generation, generation);
+    still_serves(&agent, None);
+}
+
+/// A gRPC call by hand over HTTP/2, with a body of our choosing.
+fn raw_call(addr: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (Option<String>, Option<String>) {
+    use http_body_util::BodyExt;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let req = hyper::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("kvsds-protocol", "1")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        let header = |h: &hyper::HeaderMap| {
+            (
+                h.get("grpc-status").map(|v| v.to_str().unwrap().to_owned()),
+                h.get("grpc-message").map(|v| v.to_str().unwrap().to_owned()),
+            )
+        };
+        let (status, message) = header(resp.headers());
+        if status.is_some() {
+            return (status, message);
+        }
+        let collected =
+            tokio::time::timeout(Duration::from_secs(5), resp.into_body().collect()).await.unwrap().unwrap();
+        collected.trailers().map(header).unwrap_or((None, None))
+    })
+}
+
+#[test]
+fn truncated_and_malformed_frames_are_refused() {
+    let s = stage("frames");
+    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let Endpoint::Tcp(addr) = agent.endpoint().clone() else { unreachable!() };
+    let path = "/kvsds.control.v1.StageAgent/Configure";
+    // The frame says 50 bytes follow; 2 do, then the stream ends.
+    let (status, message) = raw_call(addr, path, vec![0, 0, 0, 0, 50, 10, 2]);
+    let status: i32 = status.expect("a grpc-status").parse().unwrap();
+    assert_ne!(status, 0, "a truncated frame was accepted ({message:?})");
+    // A whole frame that is not a ConfigureRequest (a field of wire type 7).
+    let (status, message) = raw_call(addr, path, vec![0, 0, 0, 0, 3, 0x0f, 0xff, 0xff]);
+    assert_eq!(status.as_deref(), Some("13"), "malformed protobuf: {message:?}");
+    // Bytes that are not HTTP/2 at all: the connection is closed.
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\xfe garbage").unwrap();
+    let mut buf = Vec::new();
+    let _ = tcp.read_to_end(&mut buf);
+    assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
+    still_serves(&agent, None);
+}
+
+/// Polls until `f` holds, at most `limit`; returns how long it took.
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+#[test]
+fn a_lease_that_runs_out_restores_the_stage_own_rates() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = stage("lease");
+    let endpoint: Endpoint = format!("unix:{}", dir.path().join("lease.sock").display()).parse().unwrap();
+    let agent = StageAgent::serve(Arc::clone(&s), &endpoint).unwrap();
+    let lease = Duration::from_millis(300);
+    let controller = connector(|o| o.lease = lease).connect(agent.endpoint()).unwrap();
+    assert_eq!(controller.hello().fallback, "restore");
+    controller.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap());
+    // Renewed by collects for a while: the rate stays.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        controller.collect_now().unwrap();
+    }
+    assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap(), "a renewed lease must hold");
+    // An observer (no lease) does not renew it.
+    let observer = connector(|_| {}).connect(agent.endpoint()).unwrap();
+    let stopped = Instant::now();
+    let waited = wait_until(Duration::from_secs(3), || {
+        observer.collect_now().unwrap();
+        drl_rate(&s) == "64MiB/s".parse().unwrap()
+    })
+    .expect("the stage never fell back");
+    let after = stopped.elapsed();
+    assert!(
+        after >= lease - Duration::from_millis(110) && after <= lease + Duration::from_millis(200),
+        "{after:?} ({waited:?})"
+    );
+    assert_eq!(agent.stats().fallbacks, 1);
+    assert!(!agent.stats().leased);
+    // The controller comes back: its changes apply again.
+    controller.configure("fg", "drl", &ObjectConfig::rate("3MiB/s".parse().unwrap())).unwrap();
+    assert_eq!(drl_rate(&s), "3MiB/s".parse().unwrap());
+    drop(agent);
+    assert!(!dir.path().join("lease.sock").exists(), "the socket file is removed");
+}
+
+#[test]
+fn fallback_keep_and_fallback_rules() {
+    let s = stage("keep");
+    let agent = StageAgent::builder(Arc::clone(&s)).fallback(Fallback::Keep).serve(&loopback()).unwrap();
+    let c = connector(|o| o.lease = Duration::from_millis(100)).connect(agent.endpoint()).unwrap();
+    c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    wait_until(Duration::from_secs(2), || agent.stats().fallbacks == 1).expect("lease ran out");
+    assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap(), "keep keeps the last rate");
+
+    let s = stage("rules");
+    let safe = RuleSet::from_rules([Rule::configure("fg", "drl", ObjectConfig::rate("16MiB/s".parse().unwrap()))]);
+    let agent = StageAgent::builder(Arc::clone(&s)).fallback(Fallback::Rules(safe)).serve(&loopback()).unwrap();
+    let c = connector(|o| o.lease = Duration::from_millis(100)).connect(agent.endpoint()).unwrap();
+    c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    wait_until(Duration::from_secs(2), || drl_rate(&s) == "16MiB/s".parse().unwrap()).expect("fallback rules applied");
+    // Without a lease a change stays.
+    let s = stage("nolease");
+    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let c = connector(|_| {}).connect(agent.endpoint()).unwrap();
+    c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap());
+    assert_eq!(agent.stats().fallbacks, 0);
+}
+
+#[test]
+fn a_restarted_stage_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint: Endpoint = format!("unix:{}", dir.path().join("r.sock").display()).parse().unwrap();
+    let agent = StageAgent::serve(stage("r"), &endpoint).unwrap();
+    let c = connector(|_| {}).connect(&endpoint).unwrap();
+    c.collect_now().unwrap();
+    drop(agent);
+    let err = c.collect_now().unwrap_err().to_string();
+    assert!(err.contains("Unavailable") || err.contains("transport") || err.contains("connect"), "{err}");
+    assert!(c.failures() >= 1);
+    let _agent = StageAgent::serve(stage("r"), &endpoint).unwrap();
+    let err = wait_until(Duration::from_secs(3), || {
+        c.collect_now().is_err_and(|e| e.to_string().contains("the stage was restarted"))
+    });
+    assert!(err.is_some(), "a new stage behind the same socket must not pass for the old one");
+}
