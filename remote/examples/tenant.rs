@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kv_remote::{Endpoint, Fallback, StageAgent};
-use kv_stage::{DrlSpec, ObjectSpec, Rate, Rule, RuleSet, Stage};
+use kv_stage::{DrlSpec, Match, ObjectSpec, Rate, RequestContext, Rule, RuleSet, Stage};
 use rocks_env::{RocksLayout, StagedDb};
 
 /// A tenant service for fleet demos and tests.
@@ -100,9 +100,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         channel: layout.foreground(),
         object: "drl".into(),
         spec: ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED)),
-        matches: None,
+        matches: Some(Match::context(RequestContext::FOREGROUND)),
     });
-    rules.push(Rule::SetDefaultObject { channel: layout.foreground(), object: Some("drl".into()) });
     stage.apply(&RuleSet::from_rules(rules))?;
     let drl = stage.object(&layout.foreground(), "drl").ok_or("no foreground/drl")?;
 
