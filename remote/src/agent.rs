@@ -1,7 +1,7 @@
 //! The stage side: an agent that serves one stage's control calls.
 //!
 //! The agent runs on a tokio runtime of its own (one worker thread, named
-//! `kvsds-agent`): control calls never run on the threads that enforce,
+//! `kvsds-agent`) or one it is given: control calls never run on the threads that enforce,
 //! and the enforce path does not know the agent exists (it reads the same
 //! counters any `collect` reads).
 
@@ -105,8 +105,6 @@ pub struct AgentStats {
 pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
 /// Default longest lease granted.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(60);
-/// How often the agent checks its lease.
-const LEASE_TICK: Duration = Duration::from_millis(5);
 
 /// Builds a [`StageAgent`].
 #[derive(Debug)]
@@ -118,9 +116,18 @@ pub struct AgentBuilder {
     max_lease: Duration,
     fallback: Fallback,
     name: Option<String>,
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl AgentBuilder {
+    /// Runs on this tokio runtime instead of one of its own (a process
+    /// with many stages, or a tokio service, shares one). Keep the runtime
+    /// alive as long as the agent.
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
     /// Requires `authorization: Bearer <token>` on every call. Needed to
     /// listen beyond loopback.
     pub fn token(mut self, token: impl Into<String>) -> Self {
@@ -185,12 +192,22 @@ impl AgentBuilder {
                 return Err(Error::Agent(format!("{addr} is not a loopback address: set a token to listen there")));
             }
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kvsds-agent")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Agent(format!("runtime: {e}")))?;
+        let (runtime, handle) = match self.runtime {
+            Some(h) => (None, h),
+            None => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("kvsds-agent")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| Error::Agent(format!("runtime: {e}")))?;
+                let h = rt.handle().clone();
+                (Some(rt), h)
+            }
+        };
+        // Listeners are made in the runtime's context (works from inside
+        // or outside an async context).
+        let _entered = handle.enter();
         let name = self.name.clone().unwrap_or_else(|| self.stage.name().to_owned());
         let shared = Arc::new(Shared {
             stage: Arc::clone(&self.stage),
@@ -199,6 +216,7 @@ impl AgentBuilder {
             max_lease: self.max_lease,
             fallback: self.fallback,
             lease: Mutex::new(Lease::default()),
+            leased: tokio::sync::Notify::new(),
             calls: AtomicU64::new(0),
             refused_token: AtomicU64::new(0),
             refused_version: AtomicU64::new(0),
@@ -222,36 +240,57 @@ impl AgentBuilder {
         let shutdown = async {
             let _ = stop_rx.await;
         };
-        let (local, socket_path) = match endpoint {
+        let (local, socket_path, server) = match endpoint {
             Endpoint::Unix(path) => {
-                let listener = runtime.block_on(async { bind_unix(path) })?;
+                let listener = bind_unix(path)?;
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                runtime.spawn(router.serve_with_incoming_shutdown(incoming, shutdown));
-                (endpoint.clone(), Some(path.clone()))
+                let task = handle.spawn(router.serve_with_incoming_shutdown(incoming, shutdown));
+                (endpoint.clone(), Some(path.clone()), task)
             }
             Endpoint::Tcp(addr) => {
-                let listener = runtime
-                    .block_on(tokio::net::TcpListener::bind(addr))
-                    .map_err(|e| Error::Agent(format!("listening on {addr}: {e}")))?;
+                let listen = |addr| -> std::io::Result<tokio::net::TcpListener> {
+                    let l = std::net::TcpListener::bind(addr)?;
+                    l.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(l)
+                };
+                let listener = listen(*addr).map_err(|e| Error::Agent(format!("listening on {addr}: {e}")))?;
                 let local = listener.local_addr().map_err(|e| Error::Agent(format!("{addr}: {e}")))?;
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-                runtime.spawn(router.serve_with_incoming_shutdown(incoming, shutdown));
-                (Endpoint::Tcp(local), None)
+                let task = handle.spawn(router.serve_with_incoming_shutdown(incoming, shutdown));
+                (Endpoint::Tcp(local), None, task)
             }
         };
         let watch = Arc::clone(&shared);
-        runtime.spawn(async move {
-            let mut tick = tokio::time::interval(LEASE_TICK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let watcher = handle.spawn(async move {
+            // Sleeps until the lease's deadline (a renewal moves it later:
+            // the task wakes, sees it, and sleeps again), or until a lease
+            // is taken.
             loop {
-                tick.tick().await;
+                let deadline = watch.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline;
+                match deadline {
+                    None => watch.leased.notified().await,
+                    Some(d) => {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(tokio::time::Instant::from_std(d)) => {}
+                            () = watch.leased.notified() => {}
+                        }
+                    }
+                }
                 watch.check_lease(Instant::now());
             }
         });
-        Ok(StageAgent { runtime: Some(runtime), stop: Some(stop_tx), shared, endpoint: local, socket_path })
+        Ok(StageAgent {
+            runtime,
+            tasks: vec![server.abort_handle(), watcher.abort_handle()],
+            stop: Some(stop_tx),
+            shared,
+            endpoint: local,
+            socket_path,
+        })
     }
 }
 
+/// Binds a Unix socket (in a runtime's context).
 fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -286,7 +325,11 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
 /// ```
 #[derive(Debug)]
 pub struct StageAgent {
+    /// Its own runtime, unless it was given one.
     runtime: Option<tokio::runtime::Runtime>,
+    /// The server and lease tasks (stopped when the agent stops, also on a
+    /// runtime it shares).
+    tasks: Vec<tokio::task::AbortHandle>,
     stop: Option<oneshot::Sender<()>>,
     shared: Arc<Shared>,
     endpoint: Endpoint,
@@ -310,6 +353,7 @@ impl StageAgent {
             max_lease: DEFAULT_MAX_LEASE,
             fallback: Fallback::default(),
             name: None,
+            runtime: None,
         }
     }
 
@@ -339,6 +383,9 @@ impl StageAgent {
     fn stop_now(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
         }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(Duration::from_secs(1));
@@ -371,6 +418,8 @@ struct Shared {
     max_lease: Duration,
     fallback: Fallback,
     lease: Mutex<Lease>,
+    /// Wakes the lease watcher when a lease is taken.
+    leased: tokio::sync::Notify,
     calls: AtomicU64,
     refused_token: AtomicU64,
     refused_version: AtomicU64,
@@ -451,7 +500,9 @@ impl Shared {
                 lease.originals.push((c.clone(), o.clone(), spec));
             }
         }
-        lease.deadline = Some(Instant::now() + self.clamp(lease_ms));
+        if lease.deadline.replace(Instant::now() + self.clamp(lease_ms)).is_none() {
+            self.leased.notify_one();
+        }
     }
 
     /// Falls back when the lease ran out.

@@ -1,6 +1,7 @@
 //! The controller side: a stage reached over the network, behind the same
 //! [`StageHandle`] every policy uses in-process.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -158,6 +159,7 @@ impl Connector {
             hello: pb::HandshakeReply::default(),
             pending_collect: Mutex::new(None),
             pending_configure: Arc::new(Mutex::new(Vec::new())),
+            sent: Arc::new(Mutex::new(HashMap::new())),
             info: Mutex::new(None),
             failures: AtomicU64::new(0),
             last_ok: Mutex::new(Instant::now()),
@@ -212,6 +214,7 @@ pub struct RemoteStage {
     hello: pb::HandshakeReply,
     pending_collect: Mutex<Option<Pending<pb::CollectReply>>>,
     pending_configure: PendingChanges,
+    sent: SentChanges,
     info: Mutex<Option<Arc<StageInfo>>>,
     failures: AtomicU64,
     last_ok: Mutex<Instant>,
@@ -310,6 +313,11 @@ impl RemoteStage {
     }
 
     fn decode_collection(&self, reply: pb::CollectReply) -> std::result::Result<Collection, String> {
+        if reply.lease.is_none_or(|l| l.remaining_ms == 0) {
+            // No lease held (never taken, or it ran out and the stage fell
+            // back): changes made under the old one must be sent again.
+            self.sent.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
         let c = reply.collection.ok_or("the reply has no collection")?;
         if c.stage_id != self.hello.stage_id {
             return Err(format!(
@@ -473,6 +481,7 @@ impl StageHandle for RemoteStage {
         let mut failed = Vec::new();
         for (o, p) in pending {
             if let Err(e) = self.wait(p) {
+                self.sent.lock().unwrap_or_else(|e| e.into_inner()).remove(&o);
                 failed.push((o, e));
             }
         }
@@ -494,11 +503,17 @@ impl StageHandle for RemoteStage {
             label: format!("{channel}/{object}"),
             shadow: o.spec.as_ref().and_then(|s| s.build().ok()),
             pending: Arc::clone(&self.pending_configure),
+            sent: Arc::clone(&self.sent),
         }))
     }
 }
 
 type PendingChanges = Arc<Mutex<Vec<(ObjectRef, Pending<pb::ConfigureReply>)>>>;
+
+/// The change each object was last sent, while a lease holds it (a
+/// controller re-deciding the same rate every cycle sends it once; the
+/// lease is renewed by its collects).
+type SentChanges = Arc<Mutex<HashMap<ObjectRef, pb::configure_request::Change>>>;
 
 /// One object of a remote stage.
 struct RemoteObject {
@@ -510,16 +525,31 @@ struct RemoteObject {
     /// stage would (`None` for kinds this process cannot build).
     shadow: Option<Object>,
     pending: PendingChanges,
+    sent: SentChanges,
 }
 
 impl RemoteObject {
-    fn send(&self, set: &ObjectConfig) -> Pending<pb::ConfigureReply> {
+    /// Sends a change; `None` when the same change was sent under a lease
+    /// that still holds.
+    fn send(&self, set: &ObjectConfig) -> Option<Pending<pb::ConfigureReply>> {
+        let req = configure_request(&self.target.channel, &self.target.object, set, self.inner.options.lease);
+        let change = req.change.clone()?;
+        {
+            let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.inner.options.lease.is_zero() {
+                if sent.get(&self.target) == Some(&change) {
+                    return None;
+                }
+                sent.insert(self.target.clone(), change);
+            }
+        }
         let mut client = self.client.clone();
-        let req = request(
-            &self.inner.options,
-            configure_request(&self.target.channel, &self.target.object, set, self.inner.options.lease),
-        );
-        self.inner.rt().spawn(async move { client.configure(req).await.map(tonic::Response::into_inner) })
+        let req = request(&self.inner.options, req);
+        Some(self.inner.rt().spawn(async move { client.configure(req).await.map(tonic::Response::into_inner) }))
+    }
+
+    fn forget(&self) {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.target);
     }
 }
 
@@ -535,8 +565,12 @@ impl ObjectControl for RemoteObject {
 
     fn configure(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
         self.check(set)?;
-        let p = self.send(set);
-        match self.inner.block_on(p) {
+        let Some(p) = self.send(set) else { return Ok(()) };
+        let r = self.inner.block_on(p);
+        if !matches!(r, Ok(Ok(Ok(_)))) {
+            self.forget();
+        }
+        match r {
             Ok(Ok(Ok(_))) => Ok(()),
             Ok(Ok(Err(s))) => Err(kv_stage::Error::Invalid(format!("{}: {}", self.label, status_message(&s)))),
             Ok(Err(e)) => Err(kv_stage::Error::Invalid(format!("{}: call aborted: {e}", self.label))),
@@ -546,8 +580,9 @@ impl ObjectControl for RemoteObject {
 
     fn configure_deferred(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
         self.check(set)?;
-        let p = self.send(set);
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((self.target.clone(), p));
+        if let Some(p) = self.send(set) {
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((self.target.clone(), p));
+        }
         Ok(())
     }
 }
