@@ -354,8 +354,15 @@ fn max_min_across_processes_with_kills_and_restarts() {
     // 5. The controller restarted: control resumes.
     let restarted = unix_ms();
     run.start_controller();
-    let mut after = run.cycles_after(restarted, 7);
-    after.truncate(7);
+    // From its first cycle with stages (the supervisor connects to them
+    // while the first cycle runs).
+    let mut after: Vec<_> = run
+        .cycles_after(restarted, 8)
+        .into_iter()
+        .skip_while(|r| r["settings"].as_array().is_none_or(Vec::is_empty))
+        .collect();
+    assert!(after.len() >= 6, "the restarted controller joined no stage: {}", run.diagnostics());
+    after.truncate(6);
     let at = converged_at(&after, &SHARES).unwrap_or_else(|| panic!("control did not resume: {}", limits(&after)));
     eprintln!(
         "controller restarted: shares from its {at}th cycle on, {} ms after the start: {}",
