@@ -626,9 +626,13 @@ impl LoopState {
     /// applied, so an instance gets all of its rates or none.
     fn apply(&mut self, decision: Decision, record: &mut DecisionRecord) {
         record.notes = decision.notes;
+        let mut by_instance: HashMap<InstanceKey, Vec<&crate::policy::Setting>> = HashMap::new();
+        for s in &decision.settings {
+            by_instance.entry(s.instance).or_default().push(s);
+        }
         for inst in &mut self.instances {
             let mut changes: Vec<RateChange> = Vec::new();
-            for s in decision.settings.iter().filter(|s| s.instance == inst.key) {
+            for s in by_instance.get(&inst.key).into_iter().flatten() {
                 let rate = if s.rate.is_finite() { s.rate.max(RATE_FLOOR) } else { s.rate };
                 let handle = match inst.objects.get(&s.object) {
                     Some(h) => Ok(Arc::clone(h)),

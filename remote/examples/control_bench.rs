@@ -55,6 +55,10 @@ enum Mode {
         /// Cycles measured.
         #[arg(long, default_value_t = 20)]
         cycles: u64,
+        /// One agent (and one socket, one call per cycle) per stage,
+        /// instead of one agent per process serving all its stages.
+        #[arg(long)]
+        agent_per_stage: bool,
     },
     /// Threads enforcing through a RocksDB-like layout, with and without an
     /// agent and a SILK controller polling every 10 ms.
@@ -79,15 +83,21 @@ enum Mode {
         count: usize,
         #[arg(long, default_value = "120s")]
         duration: String,
+        #[arg(long)]
+        agent_per_stage: bool,
     },
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Args::parse().mode {
         Mode::Roundtrip { iterations } => roundtrip(iterations),
-        Mode::Fleet { stages, processes, interval, cycles } => fleet(stages, processes, &interval, cycles),
+        Mode::Fleet { stages, processes, interval, cycles, agent_per_stage } => {
+            fleet(stages, processes, &interval, cycles, agent_per_stage)
+        }
         Mode::Enforce { threads, requests, pairs } => enforce(threads, requests, pairs),
-        Mode::Agents { dir, first, count, duration } => agents(&dir, first, count, &duration),
+        Mode::Agents { dir, first, count, duration, agent_per_stage } => {
+            agents(&dir, first, count, &duration, agent_per_stage)
+        }
     }
 }
 
@@ -177,27 +187,35 @@ fn cpu_seconds() -> f64 {
     ticks / 100.0
 }
 
-fn fleet(stages: usize, processes: usize, interval: &str, cycles: u64) -> Result<(), Box<dyn std::error::Error>> {
+fn fleet(
+    stages: usize,
+    processes: usize,
+    interval: &str,
+    cycles: u64,
+    agent_per_stage: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let interval = parse_duration(interval)?;
     let dir = tempfile::tempdir()?;
     let exe = std::env::current_exe()?;
     let per = stages.div_ceil(processes.max(1));
     let mut children = Children(Vec::new());
     let mut first = 0;
+    let mut hosts = Vec::new();
     while first < stages {
         let count = per.min(stages - first);
-        children.0.push(
-            Command::new(&exe)
-                .args(["agents", "--first", &first.to_string(), "--count", &count.to_string(), "--dir"])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .spawn()?,
-        );
+        let mut cmd = Command::new(&exe);
+        cmd.args(["agents", "--first", &first.to_string(), "--count", &count.to_string(), "--dir"]).arg(dir.path());
+        if agent_per_stage {
+            cmd.arg("--agent-per-stage");
+        }
+        children.0.push(cmd.stdout(Stdio::null()).spawn()?);
+        hosts.push(first);
         first += count;
     }
-    let sock = |i: usize| dir.path().join(format!("s{i}.sock"));
+    let sock = |i: usize| dir.path().join(if agent_per_stage { format!("s{i}.sock") } else { format!("h{i}.sock") });
+    let sockets: Vec<usize> = if agent_per_stage { (0..stages).collect() } else { hosts };
     let deadline = Instant::now() + Duration::from_secs(60);
-    for i in 0..stages {
+    for &i in &sockets {
         while std::os::unix::net::UnixStream::connect(sock(i)).is_err() {
             if Instant::now() > deadline {
                 return Err(format!("agent {i} never listened").into());
@@ -226,9 +244,12 @@ fn fleet(stages: usize, processes: usize, interval: &str, cycles: u64) -> Result
         )
     };
     let mut builder = Controller::builder(config);
-    for (i, n) in names.iter().enumerate() {
+    for &i in &sockets {
         let endpoint: Endpoint = format!("unix:{}", sock(i).display()).parse()?;
-        builder = builder.instance(n.clone(), Arc::new(connector.connect(&endpoint)?) as Arc<dyn StageHandle>);
+        for stage in connector.connect_all(&endpoint)? {
+            let name = stage.name().to_owned();
+            builder = builder.instance(name, Arc::new(stage) as Arc<dyn StageHandle>);
+        }
     }
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
@@ -245,8 +266,9 @@ fn fleet(stages: usize, processes: usize, interval: &str, cycles: u64) -> Result
     let unread = log.iter().skip(2).flat_map(|r| &r.inputs).filter(|i| i.error.is_some()).count();
     times.sort_by(f64::total_cmp);
     println!(
-        "{stages} stages in {} processes, interval {interval:?}: cycle p50 {:.2} ms p99 {:.2} ms max {:.2} ms over {} cycles; controller CPU {:.1}% of one core; {errors} failed changes, {unread} unread stages",
+        "{stages} stages in {} processes ({}), interval {interval:?}: cycle p50 {:.2} ms p99 {:.2} ms max {:.2} ms over {} cycles; controller CPU {:.1}% of one core; {errors} failed changes, {unread} unread stages",
         children.0.len(),
+        if agent_per_stage { "an agent per stage" } else { "an agent per process" },
         percentile(&times, 0.5),
         percentile(&times, 0.99),
         times.last().copied().unwrap_or(f64::NAN),
@@ -256,18 +278,38 @@ fn fleet(stages: usize, processes: usize, interval: &str, cycles: u64) -> Result
     Ok(())
 }
 
-fn agents(dir: &std::path::Path, first: usize, count: usize, duration: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn agents(
+    dir: &std::path::Path,
+    first: usize,
+    count: usize,
+    duration: &str,
+    agent_per_stage: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let duration = parse_duration(duration)?;
     // One runtime for all the agents of this process, as a service with
     // many stages would have.
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let mut held = Vec::new();
-    for i in first..first + count {
-        let stage = small_stage(&format!("s{i}"));
-        // Some traffic, so counters move.
-        stage.enforce(&Context::new(RequestType::Write, 4096))?;
-        let endpoint: Endpoint = format!("unix:{}", dir.join(format!("s{i}.sock")).display()).parse()?;
-        held.push((StageAgent::builder(Arc::clone(&stage)).runtime(runtime.handle().clone()).serve(&endpoint)?, stage));
+    let stages: Vec<Arc<Stage>> = (first..first + count)
+        .map(|i| {
+            let stage = small_stage(&format!("s{i}"));
+            // Some traffic, so counters move.
+            let _ = stage.enforce(&Context::new(RequestType::Write, 4096));
+            stage
+        })
+        .collect();
+    if agent_per_stage {
+        for (i, stage) in (first..).zip(&stages) {
+            let endpoint: Endpoint = format!("unix:{}", dir.join(format!("s{i}.sock")).display()).parse()?;
+            held.push(StageAgent::builder(Arc::clone(stage)).runtime(runtime.handle().clone()).serve(&endpoint)?);
+        }
+    } else {
+        let mut b = StageAgent::builder(Arc::clone(&stages[0])).runtime(runtime.handle().clone());
+        for stage in &stages[1..] {
+            b = b.stage(Arc::clone(stage));
+        }
+        let endpoint: Endpoint = format!("unix:{}", dir.join(format!("h{first}.sock")).display()).parse()?;
+        held.push(b.serve(&endpoint)?);
     }
     // Bounded: the parent kills us, or we stop by ourselves.
     std::thread::sleep(duration);

@@ -19,7 +19,7 @@ use crate::convert;
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::stage_agent_server::{StageAgent as StageAgentService, StageAgentServer};
-use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, TOKEN_KEY};
+use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, STAGE_KEY, TOKEN_KEY};
 
 /// Where an agent listens (or a controller connects).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(60);
 /// Builds a [`StageAgent`].
 #[derive(Debug)]
 pub struct AgentBuilder {
-    stage: Arc<Stage>,
+    stages: Vec<Arc<Stage>>,
     token: Option<String>,
     allow_remote: bool,
     max_message: usize,
@@ -120,6 +120,14 @@ pub struct AgentBuilder {
 }
 
 impl AgentBuilder {
+    /// Serves another stage on the same endpoint: calls name it in their
+    /// `kvsds-stage` metadata, and `CollectAll` reads every stage in one
+    /// call (see `Connector::connect_all`). Stage names must differ.
+    pub fn stage(mut self, stage: Arc<Stage>) -> Self {
+        self.stages.push(stage);
+        self
+    }
+
     /// Runs on this tokio runtime instead of one of its own (a process
     /// with many stages, or a tokio service, shares one). Keep the runtime
     /// alive as long as the agent.
@@ -208,24 +216,35 @@ impl AgentBuilder {
         // Listeners are made in the runtime's context (works from inside
         // or outside an async context).
         let _entered = handle.enter();
-        let name = self.name.clone().unwrap_or_else(|| self.stage.name().to_owned());
-        let shared = Arc::new(Shared {
-            stage: Arc::clone(&self.stage),
-            name,
+        let label = self.name.clone().unwrap_or_else(|| self.stages[0].name().to_owned());
+        let mut slots: Vec<Arc<Shared>> = Vec::with_capacity(self.stages.len());
+        for stage in &self.stages {
+            let name = stage.name().to_owned();
+            if slots.iter().any(|s| s.name == name) {
+                return Err(Error::Agent(format!("two stages are named '{name}': an agent needs distinct names")));
+            }
+            slots.push(Arc::new(Shared {
+                stage: Arc::clone(stage),
+                name: if self.stages.len() == 1 { label.clone() } else { name },
+                max_lease: self.max_lease,
+                fallback: self.fallback.clone(),
+                lease: Mutex::new(Lease::default()),
+                leased: tokio::sync::Notify::new(),
+                refused_invalid: AtomicU64::new(0),
+                fallbacks: AtomicU64::new(0),
+            }));
+        }
+        let core = Arc::new(Core {
             token: self.token.clone(),
-            max_lease: self.max_lease,
-            fallback: self.fallback,
-            lease: Mutex::new(Lease::default()),
-            leased: tokio::sync::Notify::new(),
+            slots,
             calls: AtomicU64::new(0),
             refused_token: AtomicU64::new(0),
             refused_version: AtomicU64::new(0),
-            refused_invalid: AtomicU64::new(0),
-            fallbacks: AtomicU64::new(0),
+            refused_stage: AtomicU64::new(0),
         });
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let service = Service { shared: Arc::clone(&shared) };
-        let check = Arc::clone(&shared);
+        let service = Service { core: Arc::clone(&core) };
+        let check = Arc::clone(&core);
         let server = tonic::service::interceptor::InterceptedService::new(
             StageAgentServer::new(service)
                 .max_decoding_message_size(self.max_message)
@@ -260,33 +279,30 @@ impl AgentBuilder {
                 (Endpoint::Tcp(local), None, task)
             }
         };
-        let watch = Arc::clone(&shared);
-        let watcher = handle.spawn(async move {
-            // Sleeps until the lease's deadline (a renewal moves it later:
-            // the task wakes, sees it, and sleeps again), or until a lease
-            // is taken.
-            loop {
-                let deadline = watch.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline;
-                match deadline {
-                    None => watch.leased.notified().await,
-                    Some(d) => {
-                        tokio::select! {
-                            () = tokio::time::sleep_until(tokio::time::Instant::from_std(d)) => {}
-                            () = watch.leased.notified() => {}
+        let mut tasks = vec![server.abort_handle()];
+        for slot in &core.slots {
+            let watch = Arc::clone(slot);
+            let watcher = handle.spawn(async move {
+                // Sleeps until the lease's deadline (a renewal moves it later:
+                // the task wakes, sees it, and sleeps again), or until a lease
+                // is taken.
+                loop {
+                    let deadline = watch.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline;
+                    match deadline {
+                        None => watch.leased.notified().await,
+                        Some(d) => {
+                            tokio::select! {
+                                () = tokio::time::sleep_until(tokio::time::Instant::from_std(d)) => {}
+                                () = watch.leased.notified() => {}
+                            }
                         }
                     }
+                    watch.check_lease(Instant::now());
                 }
-                watch.check_lease(Instant::now());
-            }
-        });
-        Ok(StageAgent {
-            runtime,
-            tasks: vec![server.abort_handle(), watcher.abort_handle()],
-            stop: Some(stop_tx),
-            shared,
-            endpoint: local,
-            socket_path,
-        })
+            });
+            tasks.push(watcher.abort_handle());
+        }
+        Ok(StageAgent { runtime, tasks, stop: Some(stop_tx), core, endpoint: local, socket_path })
     }
 }
 
@@ -331,7 +347,7 @@ pub struct StageAgent {
     /// runtime it shares).
     tasks: Vec<tokio::task::AbortHandle>,
     stop: Option<oneshot::Sender<()>>,
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     endpoint: Endpoint,
     socket_path: Option<PathBuf>,
 }
@@ -346,7 +362,7 @@ impl StageAgent {
     /// Starts building an agent for `stage`.
     pub fn builder(stage: Arc<Stage>) -> AgentBuilder {
         AgentBuilder {
-            stage,
+            stages: vec![stage],
             token: None,
             allow_remote: false,
             max_message: DEFAULT_MAX_MESSAGE,
@@ -364,14 +380,16 @@ impl StageAgent {
 
     /// What it counted so far.
     pub fn stats(&self) -> AgentStats {
-        let s = &self.shared;
+        let c = &self.core;
+        let sum = |f: fn(&Shared) -> u64| c.slots.iter().map(|s| f(s)).sum::<u64>();
         AgentStats {
-            calls: s.calls.load(Ordering::Relaxed),
-            refused_token: s.refused_token.load(Ordering::Relaxed),
-            refused_version: s.refused_version.load(Ordering::Relaxed),
-            refused_invalid: s.refused_invalid.load(Ordering::Relaxed),
-            fallbacks: s.fallbacks.load(Ordering::Relaxed),
-            leased: s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline.is_some(),
+            calls: c.calls.load(Ordering::Relaxed),
+            refused_token: c.refused_token.load(Ordering::Relaxed),
+            refused_version: c.refused_version.load(Ordering::Relaxed),
+            refused_invalid: sum(|s| s.refused_invalid.load(Ordering::Relaxed))
+                + c.refused_stage.load(Ordering::Relaxed),
+            fallbacks: sum(|s| s.fallbacks.load(Ordering::Relaxed)),
+            leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline.is_some()),
         }
     }
 
@@ -410,19 +428,29 @@ struct Lease {
     originals: Vec<(String, String, ObjectSpec)>,
 }
 
+/// What an agent shares across its stages: the token and the counters of
+/// refused calls.
+#[derive(Debug)]
+struct Core {
+    token: Option<String>,
+    /// The stages served, the first being the default.
+    slots: Vec<Arc<Shared>>,
+    calls: AtomicU64,
+    refused_token: AtomicU64,
+    refused_version: AtomicU64,
+    refused_stage: AtomicU64,
+}
+
+/// One stage an agent serves, with its lease.
 #[derive(Debug)]
 struct Shared {
     stage: Arc<Stage>,
     name: String,
-    token: Option<String>,
     max_lease: Duration,
     fallback: Fallback,
     lease: Mutex<Lease>,
     /// Wakes the lease watcher when a lease is taken.
     leased: tokio::sync::Notify,
-    calls: AtomicU64,
-    refused_token: AtomicU64,
-    refused_version: AtomicU64,
     refused_invalid: AtomicU64,
     fallbacks: AtomicU64,
 }
@@ -433,7 +461,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-impl Shared {
+impl Core {
     /// Every call: the token, then the protocol version.
     fn admit(&self, req: &Request<()>) -> std::result::Result<(), Status> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -467,6 +495,63 @@ impl Shared {
         Status::failed_precondition(format!(
             "protocol version {v} is not supported: this agent speaks kvsds.control.v{PROTOCOL_VERSION}"
         ))
+    }
+
+    /// The stage a call is for: the one its `kvsds-stage` metadata names,
+    /// or the agent's only stage.
+    fn slot(&self, md: &tonic::metadata::MetadataMap) -> std::result::Result<&Arc<Shared>, Status> {
+        match md.get(STAGE_KEY).map(|v| v.to_str()) {
+            Some(Ok(name)) => self.slots.iter().find(|s| s.stage.name() == name).ok_or_else(|| {
+                self.refused_stage.fetch_add(1, Ordering::Relaxed);
+                Status::not_found(format!(
+                    "this agent serves no stage '{name}' (it serves {})",
+                    self.slots.iter().map(|s| s.stage.name()).collect::<Vec<_>>().join(", ")
+                ))
+            }),
+            Some(Err(_)) => Err(Status::invalid_argument(format!("`{STAGE_KEY}` metadata: not text"))),
+            None if self.slots.len() == 1 => Ok(&self.slots[0]),
+            None => {
+                self.refused_stage.fetch_add(1, Ordering::Relaxed);
+                Err(Status::invalid_argument(format!(
+                    "this agent serves {} stages: name one in `{STAGE_KEY}` metadata",
+                    self.slots.len()
+                )))
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Renews the lease (when held and asked) and reads the counters.
+    fn collect(&self, r: &pb::CollectRequest) -> pb::CollectReply {
+        let s = self;
+        s.renew(r.lease_ms);
+        let c = s.stage.collect();
+        let settings = if r.with_settings {
+            c.objects
+                .iter()
+                .filter_map(|o| {
+                    let spec = s.stage.object(&o.channel, &o.object)?.spec()?;
+                    Some(pb::ObjectSetting {
+                        channel: o.channel.clone(),
+                        object: o.object.clone(),
+                        spec_json: convert::spec_json(Some(&spec)),
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let lease = {
+            let l = s.lease.lock().unwrap_or_else(|e| e.into_inner());
+            pb::LeaseState {
+                remaining_ms: l.deadline.map_or(0, |d| {
+                    u64::try_from(d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
+                }),
+                fallbacks: s.fallbacks.load(Ordering::Relaxed),
+            }
+        };
+        pb::CollectReply { collection: Some(convert::collection(&c)), settings, lease: Some(lease) }
     }
 
     fn invalid(&self, status: Status) -> Status {
@@ -563,7 +648,7 @@ fn restore_config(spec: &ObjectSpec) -> Option<ObjectConfig> {
 }
 
 struct Service {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
 }
 
 fn stage_status(e: &kv_stage::Error) -> Status {
@@ -576,10 +661,14 @@ impl StageAgentService for Service {
         &self,
         req: Request<pb::HandshakeRequest>,
     ) -> std::result::Result<Response<pb::HandshakeReply>, Status> {
-        let s = &self.shared;
+        // A handshake naming no stage learns about the first (and the list).
+        let s = match req.metadata().get(STAGE_KEY) {
+            None => &self.core.slots[0],
+            Some(_) => self.core.slot(req.metadata())?,
+        };
         let r = req.into_inner();
         if r.protocol_version != PROTOCOL_VERSION {
-            return Err(s.version_refused(&r.protocol_version.to_string()));
+            return Err(self.core.version_refused(&r.protocol_version.to_string()));
         }
         let info = s.stage.stage_info();
         Ok(Response::new(pb::HandshakeReply {
@@ -589,9 +678,12 @@ impl StageAgentService for Service {
             pid: info.pid,
             host: info.host.clone(),
             instances: info.instances.iter().map(convert::instance).collect(),
-            capabilities: ["collect", "stage_info", "apply_rules", "configure", "lease"].map(String::from).to_vec(),
+            capabilities: ["collect", "collect_all", "stage_info", "apply_rules", "configure", "lease", "stages"]
+                .map(String::from)
+                .to_vec(),
             max_lease_ms: u64::try_from(s.max_lease.as_millis()).unwrap_or(u64::MAX),
             fallback: s.fallback.name().to_owned(),
+            stages: self.core.slots.iter().map(|s| s.stage.name().to_owned()).collect(),
         }))
     }
 
@@ -599,42 +691,31 @@ impl StageAgentService for Service {
         &self,
         req: Request<pb::CollectRequest>,
     ) -> std::result::Result<Response<pb::CollectReply>, Status> {
-        let s = &self.shared;
+        let s = self.core.slot(req.metadata())?;
         let r = req.into_inner();
-        s.renew(r.lease_ms);
-        let c = s.stage.collect();
-        let settings = if r.with_settings {
-            c.objects
+        Ok(Response::new(s.collect(&r)))
+    }
+
+    async fn collect_all(
+        &self,
+        req: Request<pb::CollectRequest>,
+    ) -> std::result::Result<Response<pb::CollectAllReply>, Status> {
+        let r = req.into_inner();
+        Ok(Response::new(pb::CollectAllReply {
+            stages: self
+                .core
+                .slots
                 .iter()
-                .filter_map(|o| {
-                    let spec = s.stage.object(&o.channel, &o.object)?.spec()?;
-                    Some(pb::ObjectSetting {
-                        channel: o.channel.clone(),
-                        object: o.object.clone(),
-                        spec_json: convert::spec_json(Some(&spec)),
-                    })
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let lease = {
-            let l = s.lease.lock().unwrap_or_else(|e| e.into_inner());
-            pb::LeaseState {
-                remaining_ms: l.deadline.map_or(0, |d| {
-                    u64::try_from(d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
-                }),
-                fallbacks: s.fallbacks.load(Ordering::Relaxed),
-            }
-        };
-        Ok(Response::new(pb::CollectReply { collection: Some(convert::collection(&c)), settings, lease: Some(lease) }))
+                .map(|s| pb::StageCollect { stage: s.stage.name().to_owned(), reply: Some(s.collect(&r)) })
+                .collect(),
+        }))
     }
 
     async fn get_stage_info(
         &self,
-        _req: Request<pb::StageInfoRequest>,
+        req: Request<pb::StageInfoRequest>,
     ) -> std::result::Result<Response<pb::StageInfoReply>, Status> {
-        let info = self.shared.stage.stage_info();
+        let info = self.core.slot(req.metadata())?.stage.stage_info();
         Ok(Response::new(pb::StageInfoReply { info: Some(convert::stage_info(&info)) }))
     }
 
@@ -642,7 +723,7 @@ impl StageAgentService for Service {
         &self,
         req: Request<pb::ApplyRulesRequest>,
     ) -> std::result::Result<Response<pb::ApplyRulesReply>, Status> {
-        let s = &self.shared;
+        let s = self.core.slot(req.metadata())?;
         let r = req.into_inner();
         let format = match pb::RulesFormat::try_from(r.format) {
             Ok(pb::RulesFormat::Toml) => RulesFormat::Toml,
@@ -692,7 +773,7 @@ impl StageAgentService for Service {
         &self,
         req: Request<pb::ConfigureRequest>,
     ) -> std::result::Result<Response<pb::ConfigureReply>, Status> {
-        let s = &self.shared;
+        let s = self.core.slot(req.metadata())?;
         let r = req.into_inner();
         let Some(handle) = s.stage.object(&r.channel, &r.object) else {
             return Err(s.invalid(Status::not_found(format!(

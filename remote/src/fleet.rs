@@ -19,6 +19,10 @@
 //! [[fleet.stage]]
 //! name = "t1"                     # the policy's instance name
 //! endpoint = "unix:/run/kvsds/t1.sock"
+//!
+//! [[fleet.host]]                  # an agent serving many stages: one call per cycle
+//! endpoint = "10.0.0.7:7400"      # (a token is then required by the agent)
+//! stages = ["s1", "s2"]           # default: every stage it serves that the policy knows
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -35,7 +39,7 @@ use crate::agent::Endpoint;
 use crate::error::{Error, Result};
 use crate::remote::{ClientOptions, Connector, RemoteStage};
 
-/// One stage of the fleet.
+/// One stage of the fleet (`[[fleet.stage]]`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberConfig {
@@ -43,6 +47,33 @@ pub struct MemberConfig {
     pub name: String,
     /// Where its agent listens (`unix:/path`, `127.0.0.1:7401`).
     pub endpoint: String,
+    /// The stage's name at that endpoint, when its agent serves several.
+    #[serde(default)]
+    pub stage: Option<String>,
+}
+
+/// An agent serving many stages (`[[fleet.host]]`), read in one call per
+/// cycle; each stage is the instance of its own name.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Where the agent listens.
+    pub endpoint: String,
+    /// The stages to control (default: every stage it serves that the
+    /// policy knows, or all of them for SILK).
+    #[serde(default)]
+    pub stages: Option<Vec<String>>,
+}
+
+/// A connection the supervisor keeps: one stage, or one host's stages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitConfig {
+    /// Where.
+    pub endpoint: Endpoint,
+    /// `Some(name, stage)` for a `[[fleet.stage]]`, `None` for a host.
+    pub single: Option<(String, Option<String>)>,
+    /// A host's stage list, when given.
+    pub names: Option<Vec<String>>,
 }
 
 /// The `[fleet]` table.
@@ -69,9 +100,12 @@ pub struct FleetSection {
     /// Longest wait before connecting again.
     #[serde(default, with = "kv_stage::units::opt_duration_str")]
     pub reconnect_max: Option<Duration>,
-    /// The stages.
+    /// The stages, one agent each.
     #[serde(default)]
     pub stage: Vec<MemberConfig>,
+    /// Agents serving many stages.
+    #[serde(default)]
+    pub host: Vec<HostConfig>,
 }
 
 /// A fleet file: the controller's configuration and a `[fleet]` table.
@@ -81,8 +115,8 @@ pub struct FleetConfig {
     pub controller: ControllerConfig,
     /// The fleet.
     pub fleet: FleetSection,
-    /// The members' endpoints, parsed.
-    pub endpoints: Vec<Endpoint>,
+    /// What the supervisor connects to, parsed.
+    pub units: Vec<UnitConfig>,
     /// The token, read.
     pub token: Option<String>,
 }
@@ -103,27 +137,51 @@ impl FleetConfig {
         let fleet: FleetSection = fleet_value.try_into().map_err(|e: toml::de::Error| err(format!("fleet: {e}")))?;
         let rest = toml::to_string(&table).map_err(|e| err(e.to_string()))?;
         let controller = ControllerConfig::from_toml(&rest).map_err(|e| err(e.to_string()))?;
-        if fleet.stage.is_empty() {
-            return Err(err("fleet.stage: list at least one stage".into()));
+        if fleet.stage.is_empty() && fleet.host.is_empty() {
+            return Err(err("fleet: list at least one [[fleet.stage]] or [[fleet.host]]".into()));
         }
-        let mut endpoints = Vec::new();
+        let mut units = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
+        let known = |name: &str, key: &str| -> Result<()> {
+            match &controller.fair_share {
+                Some(fs) if controller.policy != PolicyKind::Silk && !fs.instances.iter().any(|c| c.name == name) => {
+                    Err(err(format!(
+                        "{key}: '{name}' is not a fair_share.instance (each stage needs its demand, channel and object)"
+                    )))
+                }
+                _ => Ok(()),
+            }
+        };
         for (i, m) in fleet.stage.iter().enumerate() {
+            let key = format!("fleet.stage[{i}].name");
             if m.name.is_empty() {
-                return Err(err(format!("fleet.stage[{i}].name: empty")));
+                return Err(err(format!("{key}: empty")));
             }
-            if fleet.stage[..i].iter().any(|o| o.name == m.name) {
-                return Err(err(format!("fleet.stage[{i}].name: '{}' is listed twice", m.name)));
+            if seen.contains(&m.name.as_str()) {
+                return Err(err(format!("{key}: '{}' is listed twice", m.name)));
             }
-            endpoints.push(m.endpoint.parse::<Endpoint>().map_err(|e| err(format!("fleet.stage[{i}].endpoint: {e}")))?);
-            if let Some(fs) = &controller.fair_share
-                && controller.policy != PolicyKind::Silk
-                && !fs.instances.iter().any(|c| c.name == m.name)
-            {
-                return Err(err(format!(
-                    "fleet.stage[{i}].name: '{}' is not a fair_share.instance (each stage needs its demand, channel and object)",
-                    m.name
-                )));
+            seen.push(&m.name);
+            known(&m.name, &key)?;
+            units.push(UnitConfig {
+                endpoint: m.endpoint.parse().map_err(|e| err(format!("fleet.stage[{i}].endpoint: {e}")))?,
+                single: Some((m.name.clone(), m.stage.clone())),
+                names: None,
+            });
+        }
+        for (i, h) in fleet.host.iter().enumerate() {
+            for (j, n) in h.stages.iter().flatten().enumerate() {
+                let key = format!("fleet.host[{i}].stages[{j}]");
+                if seen.contains(&n.as_str()) {
+                    return Err(err(format!("{key}: '{n}' is listed twice")));
+                }
+                seen.push(n);
+                known(n, &key)?;
             }
+            units.push(UnitConfig {
+                endpoint: h.endpoint.parse().map_err(|e| err(format!("fleet.host[{i}].endpoint: {e}")))?,
+                single: None,
+                names: h.stages.clone(),
+            });
         }
         let token = match (&fleet.token, &fleet.token_file) {
             (Some(_), Some(_)) => return Err(err("fleet: give token or token_file, not both".into())),
@@ -147,7 +205,7 @@ impl FleetConfig {
                 return Err(err(format!("fleet.{key}: must be greater than zero")));
             }
         }
-        Ok(FleetConfig { controller, fleet, endpoints, token })
+        Ok(FleetConfig { controller, fleet, units, token })
     }
 
     /// The lease in effect.
@@ -173,13 +231,22 @@ pub struct MemberStatus {
     pub last_error: Option<String>,
 }
 
-struct Member {
-    config: MemberConfig,
-    endpoint: Endpoint,
-    instance: InstanceConfig,
-    stage: Option<Arc<RemoteStage>>,
+/// A connection the supervisor keeps, and the stages joined through it.
+struct Unit {
+    config: UnitConfig,
+    joined: Vec<(String, Arc<RemoteStage>)>,
     next_try: Instant,
     backoff: Duration,
+    last_error: Option<String>,
+}
+
+impl Unit {
+    fn label(&self) -> String {
+        match &self.config.single {
+            Some((name, _)) => name.clone(),
+            None => format!("host {}", self.config.endpoint),
+        }
+    }
 }
 
 /// A running fleet: the controller, and a supervisor thread that joins
@@ -213,52 +280,40 @@ impl Fleet {
             ..ClientOptions::default()
         };
         let connector = Connector::new(options)?;
+        // The file has every cycle; memory keeps the last 1000 (a cycle of
+        // 500 stages is a few hundred KB).
         let controller = Controller::builder(config.controller.clone())
             .late_instances()
+            .max_log_records(1000)
             .start()
             .map_err(|e| Error::Fleet { path: "controller".into(), message: e.to_string() })?;
         let min = config.fleet.reconnect_min.unwrap_or(Duration::from_millis(100));
         let max = config.fleet.reconnect_max.unwrap_or(Duration::from_secs(5)).max(min);
-        let members: Vec<Member> = config
-            .fleet
-            .stage
+        let units: Vec<Unit> = config
+            .units
             .iter()
-            .zip(&config.endpoints)
-            .map(|(m, e)| Member {
-                instance: config
-                    .controller
-                    .fair_share
-                    .as_ref()
-                    .and_then(|fs| fs.instances.iter().find(|c| c.name == m.name).cloned())
-                    .unwrap_or_else(|| InstanceConfig {
-                        name: m.name.clone(),
-                        demand: Rate::UNLIMITED,
-                        channel: String::new(),
-                        object: String::new(),
-                    }),
-                config: m.clone(),
-                endpoint: e.clone(),
-                stage: None,
+            .map(|u| Unit {
+                config: u.clone(),
+                joined: Vec::new(),
                 next_try: Instant::now(),
                 backoff: min,
+                last_error: None,
             })
             .collect();
         let status = Arc::new(Mutex::new(
-            members
+            units
                 .iter()
-                .map(|m| MemberStatus {
-                    name: m.config.name.clone(),
-                    joined: false,
-                    pid: None,
-                    joins: 0,
-                    leaves: 0,
-                    last_error: None,
+                .flat_map(|u| match &u.config.single {
+                    Some((n, _)) => vec![n.clone()],
+                    None => u.config.names.clone().unwrap_or_default(),
                 })
+                .map(|name| MemberStatus { name, joined: false, pid: None, joins: 0, leaves: 0, last_error: None })
                 .collect(),
         ));
         let stop = Arc::new(AtomicBool::new(false));
         let mut sup = Supervisor {
-            members,
+            units,
+            instances: config.controller.fair_share.as_ref().map(|fs| fs.instances.clone()),
             connector,
             controller: controller.handle(),
             check_binding: config.controller.policy != PolicyKind::Silk,
@@ -307,7 +362,9 @@ impl Drop for Fleet {
 }
 
 struct Supervisor {
-    members: Vec<Member>,
+    units: Vec<Unit>,
+    /// The fair-share instances (`None` for SILK: every stage joins).
+    instances: Option<Vec<InstanceConfig>>,
     connector: Connector,
     controller: controller::ControllerHandle,
     check_binding: bool,
@@ -326,86 +383,158 @@ impl Supervisor {
     fn run(&mut self) {
         while !self.stop.load(Ordering::Relaxed) {
             let now = Instant::now();
-            for i in 0..self.members.len() {
+            for i in 0..self.units.len() {
                 self.tend(i, now);
             }
             std::thread::sleep(SUPERVISE_EVERY);
         }
     }
 
-    fn set_status(&self, i: usize, f: impl FnOnce(&mut MemberStatus)) {
-        if let Some(s) = self.status.lock().unwrap_or_else(|e| e.into_inner()).get_mut(i) {
-            f(s);
+    fn set_status(&self, name: &str, f: impl FnOnce(&mut MemberStatus)) {
+        let mut st = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        match st.iter_mut().find(|s| s.name == name) {
+            Some(s) => f(s),
+            None => {
+                let mut s = MemberStatus {
+                    name: name.to_owned(),
+                    joined: false,
+                    pid: None,
+                    joins: 0,
+                    leaves: 0,
+                    last_error: None,
+                };
+                f(&mut s);
+                st.push(s);
+            }
         }
+    }
+
+    /// The policy's configuration of an instance (a placeholder for SILK,
+    /// which needs none); `None` when a fair-share policy does not know it.
+    fn instance(&self, name: &str) -> Option<InstanceConfig> {
+        match &self.instances {
+            Some(list) if self.check_binding => list.iter().find(|c| c.name == name).cloned(),
+            _ => Some(InstanceConfig {
+                name: name.to_owned(),
+                demand: Rate::UNLIMITED,
+                channel: String::new(),
+                object: String::new(),
+            }),
+        }
+    }
+
+    /// Connects a unit: its stages, each with its instance configuration.
+    fn connect(&self, u: &UnitConfig) -> Result<Vec<(InstanceConfig, RemoteStage)>> {
+        let stages: Vec<(String, RemoteStage)> = match &u.single {
+            Some((name, stage)) => {
+                let s = match stage {
+                    Some(st) => self.connector.connect_stage(&u.endpoint, st)?,
+                    None => self.connector.connect(&u.endpoint)?,
+                };
+                vec![(name.clone(), s)]
+            }
+            None => {
+                let all = self.connector.connect_all(&u.endpoint)?;
+                if let Some(names) = &u.names
+                    && let Some(missing) = names.iter().find(|n| !all.iter().any(|s| s.name() == n.as_str()))
+                {
+                    return Err(Error::Remote {
+                        endpoint: u.endpoint.to_string(),
+                        message: format!("the agent serves no stage '{missing}'"),
+                    });
+                }
+                all.into_iter()
+                    .filter(|s| u.names.as_ref().is_none_or(|n| n.iter().any(|x| x == s.name())))
+                    .map(|s| (s.name().to_owned(), s))
+                    .collect()
+            }
+        };
+        let mut out = Vec::new();
+        for (name, stage) in stages {
+            let Some(instance) = self.instance(&name) else { continue };
+            if self.check_binding {
+                let info = stage.stage_info_now()?;
+                controller::check_binding(&instance, &info).map_err(|e| Error::Remote {
+                    endpoint: u.endpoint.to_string(),
+                    message: format!("stage '{}': {e}", info.name),
+                })?;
+            }
+            out.push((instance, stage));
+        }
+        Ok(out)
     }
 
     fn tend(&mut self, i: usize, now: Instant) {
         let lease = self.lease;
-        let m = &mut self.members[i];
-        if let Some(stage) = &m.stage {
+        if !self.units[i].joined.is_empty() {
             // Gone: two failed calls in a row, or no answer for a lease
-            // (its stage has fallen back by then).
-            let silent = now.saturating_duration_since(stage.last_ok());
-            if stage.failures() >= 2 || (stage.failures() >= 1 && silent >= lease) {
-                let name = m.config.name.clone();
-                m.stage = None;
-                m.next_try = now;
-                m.backoff = self.min;
-                self.controller.leave(&name);
-                eprintln!("kvsds-controller: {name} left at unix ms {} (no answer for {silent:?})", unix_ms());
-                self.set_status(i, |s| {
-                    s.joined = false;
-                    s.pid = None;
-                    s.leaves += 1;
-                });
+            // (its stages have fallen back by then).
+            let gone = self.units[i].joined.iter().find_map(|(_, s)| {
+                let silent = now.saturating_duration_since(s.last_ok());
+                (s.failures() >= 2 || (s.failures() >= 1 && silent >= lease)).then_some(silent)
+            });
+            if let Some(silent) = gone {
+                let left = std::mem::take(&mut self.units[i].joined);
+                self.units[i].next_try = now;
+                self.units[i].backoff = self.min;
+                for (name, _) in left {
+                    self.controller.leave(&name);
+                    eprintln!("kvsds-controller: {name} left at unix ms {} (no answer for {silent:?})", unix_ms());
+                    self.set_status(&name, |s| {
+                        s.joined = false;
+                        s.pid = None;
+                        s.leaves += 1;
+                    });
+                }
             }
             return;
         }
-        if now < m.next_try {
+        if now < self.units[i].next_try {
             return;
         }
-        let attempt = self.connector.connect(&m.endpoint).and_then(|stage| {
-            if self.check_binding {
-                let info = stage.stage_info_now()?;
-                controller::check_binding(&m.instance, &info).map_err(|e| Error::Remote {
-                    endpoint: m.endpoint.to_string(),
-                    message: format!("stage '{}': {e}", info.name),
-                })?;
-            }
-            Ok(stage)
-        });
-        match attempt {
-            Ok(stage) => {
-                let stage = Arc::new(stage);
-                let pid = stage.pid();
-                eprintln!(
-                    "kvsds-controller: {} joined at unix ms {} (stage '{}', pid {pid}, {})",
-                    m.config.name,
-                    unix_ms(),
-                    stage.name(),
-                    m.endpoint
-                );
-                self.controller.join(m.instance.clone(), Arc::clone(&stage) as Arc<dyn StageHandle>);
-                m.stage = Some(stage);
-                m.backoff = self.min;
-                self.set_status(i, |s| {
-                    s.joined = true;
-                    s.pid = Some(pid);
-                    s.joins += 1;
-                    s.last_error = None;
-                });
+        match self.connect(&self.units[i].config) {
+            Ok(stages) => {
+                let endpoint = self.units[i].config.endpoint.to_string();
+                for (instance, stage) in stages {
+                    let stage = Arc::new(stage);
+                    let pid = stage.pid();
+                    let name = instance.name.clone();
+                    eprintln!(
+                        "kvsds-controller: {name} joined at unix ms {} (stage '{}', pid {pid}, {endpoint})",
+                        unix_ms(),
+                        stage.name(),
+                    );
+                    self.controller.join(instance, Arc::clone(&stage) as Arc<dyn StageHandle>);
+                    self.units[i].joined.push((name.clone(), stage));
+                    self.set_status(&name, |s| {
+                        s.joined = true;
+                        s.pid = Some(pid);
+                        s.joins += 1;
+                        s.last_error = None;
+                    });
+                }
+                let u = &mut self.units[i];
+                u.backoff = self.min;
+                u.last_error = None;
+                if u.joined.is_empty() {
+                    // A host serving nothing the policy knows: look again later.
+                    u.next_try = now + self.max;
+                }
             }
             Err(e) => {
                 let msg = e.to_string();
-                m.next_try = now + m.backoff;
-                m.backoff = (m.backoff * 2).min(self.max);
-                let name = m.config.name.clone();
-                let changed =
-                    self.status.lock().unwrap_or_else(|e| e.into_inner())[i].last_error.as_deref() != Some(&msg);
-                if changed {
-                    eprintln!("kvsds-controller: {name}: {msg} (trying again, backoff up to {:?})", self.max);
+                let label = self.units[i].label();
+                let u = &mut self.units[i];
+                u.next_try = now + u.backoff;
+                u.backoff = (u.backoff * 2).min(self.max);
+                if u.last_error.as_deref() != Some(&msg) {
+                    eprintln!("kvsds-controller: {label}: {msg} (trying again, backoff up to {:?})", self.max);
                 }
-                self.set_status(i, |s| s.last_error = Some(msg));
+                u.last_error = Some(msg.clone());
+                if let Some((name, _)) = &u.config.single {
+                    let name = name.clone();
+                    self.set_status(&name, |s| s.last_error = Some(msg));
+                }
             }
         }
     }

@@ -57,7 +57,7 @@ pub mod pb {
 
 pub use agent::{AgentBuilder, AgentStats, DEFAULT_MAX_LEASE, DEFAULT_MAX_MESSAGE, Endpoint, Fallback, StageAgent};
 pub use error::{Error, Result};
-pub use fleet::{Fleet, FleetConfig, FleetSection, MemberConfig};
+pub use fleet::{Fleet, FleetConfig, FleetSection, HostConfig, MemberConfig, MemberStatus, UnitConfig};
 pub use remote::{ClientOptions, Connector, ObjectSetting, RemoteStage};
 
 /// The protocol version this crate speaks.
@@ -66,3 +66,6 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const PROTOCOL_VERSION_KEY: &str = "kvsds-protocol";
 /// The metadata key of the token (`Bearer <token>`).
 pub const TOKEN_KEY: &str = "authorization";
+/// The metadata key naming the stage a call is for, on an agent serving
+/// several.
+pub const STAGE_KEY: &str = "kvsds-stage";

@@ -110,9 +110,51 @@ impl Connector {
 
     /// Connects and shakes hands: the agent's stage, its instances and
     /// what it speaks. Refused versions and tokens are errors naming the
-    /// agent's status.
+    /// agent's status. An agent serving several stages is refused here
+    /// (use [`connect_all`](Self::connect_all) or
+    /// [`connect_stage`](Self::connect_stage)).
     pub fn connect(&self, endpoint: &Endpoint) -> Result<RemoteStage> {
-        let inner = Arc::clone(&self.inner);
+        let client = self.channel(endpoint)?;
+        let stage = self.handshake(endpoint, client, None, None)?;
+        if stage.hello.stages.len() > 1 {
+            return Err(Error::Remote {
+                endpoint: endpoint.to_string(),
+                message: format!(
+                    "the agent serves {} stages ({}): connect to one by name, or to all",
+                    stage.hello.stages.len(),
+                    stage.hello.stages.join(", ")
+                ),
+            });
+        }
+        Ok(stage)
+    }
+
+    /// Connects to one of the stages an agent serves, by name.
+    pub fn connect_stage(&self, endpoint: &Endpoint, name: &str) -> Result<RemoteStage> {
+        let client = self.channel(endpoint)?;
+        self.handshake(endpoint, client, Some(name), None)
+    }
+
+    /// Connects to every stage an agent serves, over one connection. The
+    /// stages read their counters together: in each control cycle the
+    /// first of them to start asks for all (`CollectAll`), so a host with
+    /// hundreds of stages costs one call per cycle, not hundreds.
+    pub fn connect_all(&self, endpoint: &Endpoint) -> Result<Vec<RemoteStage>> {
+        let client = self.channel(endpoint)?;
+        let first = self.handshake(endpoint, client.clone(), None, None)?;
+        let batch = Arc::new(Batch { state: Mutex::new(BatchState::default()) });
+        let names = first.hello.stages.clone();
+        if names.len() <= 1 {
+            let mut only = first;
+            only.batch = Some(Arc::clone(&batch));
+            return Ok(vec![only]);
+        }
+        names.iter().map(|n| self.handshake(endpoint, client.clone(), Some(n), Some(Arc::clone(&batch)))).collect()
+    }
+
+    /// An HTTP/2 connection to an agent.
+    fn channel(&self, endpoint: &Endpoint) -> Result<StageAgentClient<Channel>> {
+        let inner = &self.inner;
         let remote = |message: String| Error::Remote { endpoint: endpoint.to_string(), message };
         let ep = endpoint.clone();
         let opts = inner.options.clone();
@@ -149,14 +191,31 @@ impl Connector {
             })
             .map_err(remote)?
             .map_err(remote)?;
-        let client = StageAgentClient::new(channel)
+        Ok(StageAgentClient::new(channel)
             .max_decoding_message_size(inner.options.max_message)
-            .max_encoding_message_size(inner.options.max_message);
+            .max_encoding_message_size(inner.options.max_message))
+    }
+
+    fn handshake(
+        &self,
+        endpoint: &Endpoint,
+        client: StageAgentClient<Channel>,
+        name: Option<&str>,
+        batch: Option<Arc<Batch>>,
+    ) -> Result<RemoteStage> {
+        let remote = |message: String| Error::Remote { endpoint: endpoint.to_string(), message };
+        let stage_key = match name {
+            Some(n) => Some(n.parse().map_err(|_| remote(format!("stage name '{n}' cannot be sent as metadata")))?),
+            None => None,
+        };
         let stage = RemoteStage {
-            inner,
+            inner: Arc::clone(&self.inner),
             client,
             endpoint: endpoint.clone(),
             hello: pb::HandshakeReply::default(),
+            stage_key,
+            batch,
+            batch_epoch: AtomicU64::new(0),
             pending_collect: Mutex::new(None),
             pending_configure: Arc::new(Mutex::new(Vec::new())),
             sent: Arc::new(Mutex::new(HashMap::new())),
@@ -176,6 +235,22 @@ impl Connector {
             .map_err(remote)?;
         Ok(RemoteStage { hello, ..stage })
     }
+}
+
+/// The counters of all the stages of one agent, read in one call per
+/// cycle (see [`Connector::connect_all`]).
+#[derive(Debug)]
+struct Batch {
+    state: Mutex<BatchState>,
+}
+
+#[derive(Debug, Default)]
+struct BatchState {
+    /// The current batch's number.
+    epoch: u64,
+    pending: Option<Pending<pb::CollectAllReply>>,
+    replies: HashMap<String, pb::CollectReply>,
+    error: Option<String>,
 }
 
 fn transport_message(e: &tonic::transport::Error) -> String {
@@ -212,6 +287,12 @@ pub struct RemoteStage {
     client: StageAgentClient<Channel>,
     endpoint: Endpoint,
     hello: pb::HandshakeReply,
+    /// The stage's name, sent with each call when its agent serves several.
+    stage_key: Option<tonic::metadata::AsciiMetadataValue>,
+    /// Shared with the other stages of the same agent (`connect_all`).
+    batch: Option<Arc<Batch>>,
+    /// The batch this stage joined last.
+    batch_epoch: AtomicU64,
     pending_collect: Mutex<Option<Pending<pb::CollectReply>>>,
     pending_configure: PendingChanges,
     sent: SentChanges,
@@ -270,7 +351,7 @@ impl RemoteStage {
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
-        request(&self.inner.options, msg)
+        request(&self.inner.options, self.stage_key.as_ref(), msg)
     }
 
     fn note<T, E>(&self, r: std::result::Result<T, E>) -> std::result::Result<T, E> {
@@ -328,6 +409,35 @@ impl RemoteStage {
         let d = convert::from_collection(c);
         self.dropped_contexts.fetch_add(d.dropped_contexts as u64, Ordering::Relaxed);
         Ok(d.value)
+    }
+
+    /// This stage's reply from its agent's batch of this cycle, if it
+    /// joined one.
+    fn collect_batched(&self) -> Option<std::result::Result<pb::CollectReply, String>> {
+        let batch = self.batch.as_ref()?;
+        let mut st = batch.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.batch_epoch.load(Ordering::Relaxed) != st.epoch || st.epoch == 0 {
+            return None;
+        }
+        if let Some(p) = st.pending.take() {
+            match self.inner.block_on(p).and_then(|j| match j {
+                Ok(r) => r.map_err(|s| status_message(&s)),
+                Err(e) => Err(format!("call aborted: {e}")),
+            }) {
+                Ok(all) => {
+                    st.replies = all.stages.into_iter().filter_map(|s| Some((s.stage, s.reply?))).collect();
+                }
+                Err(e) => st.error = Some(e),
+            }
+        }
+        let name = self.hello.stage.as_str();
+        let r = match (st.replies.remove(name), &st.error) {
+            (Some(r), _) => Ok(r),
+            (None, Some(e)) => Err(e.clone()),
+            (None, None) => Err(format!("the agent's reply has no stage '{name}'")),
+        };
+        drop(st);
+        Some(self.note(r))
     }
 
     /// The stage's counters now (blocking).
@@ -419,8 +529,11 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn request<T>(o: &ClientOptions, msg: T) -> Request<T> {
+fn request<T>(o: &ClientOptions, stage: Option<&tonic::metadata::AsciiMetadataValue>, msg: T) -> Request<T> {
     let mut r = Request::new(msg);
+    if let Some(s) = stage {
+        r.metadata_mut().insert(crate::STAGE_KEY, s.clone());
+    }
     r.set_timeout(o.timeout);
     let md = r.metadata_mut();
     if let Ok(v) = o.protocol_version.to_string().parse() {
@@ -437,9 +550,12 @@ fn request<T>(o: &ClientOptions, msg: T) -> Request<T> {
 /// A change on the wire: a DRL's rate alone goes as a number, anything
 /// else as the rule's settings in JSON.
 fn configure_request(channel: &str, object: &str, set: &ObjectConfig, lease: Duration) -> pb::ConfigureRequest {
-    let rate_only = set.set_fields() == ["rate"];
+    // A typed rate change (what a controller makes) parses back without
+    // writing the settings out; anything else goes as the rule's JSON.
     let change = match set.parse::<DrlSettings>("DRL") {
-        Ok(DrlSettings { rate: Some(r), .. }) if rate_only && r.unit() == kv_stage::RateUnit::Bytes => {
+        Ok(DrlSettings { rate: Some(r), burst: None, refill_period: None })
+            if r.unit() == kv_stage::RateUnit::Bytes =>
+        {
             pb::configure_request::Change::RateBps(r.per_sec())
         }
         _ => pb::configure_request::Change::SettingsJson(serde_json::to_string(set).unwrap_or_default()),
@@ -460,6 +576,9 @@ fn rules_json(rules: &RuleSet) -> String {
 
 impl StageHandle for RemoteStage {
     fn collect(&self) -> std::result::Result<Collection, HandleError> {
+        if let Some(r) = self.collect_batched() {
+            return r.and_then(|r| self.decode_collection(r)).map_err(HandleError);
+        }
         let pending = self.pending_collect.lock().unwrap_or_else(|e| e.into_inner()).take();
         let p = pending.unwrap_or_else(|| self.spawn_collect(false));
         self.wait(p).and_then(|r| self.decode_collection(r)).map_err(HandleError)
@@ -470,6 +589,30 @@ impl StageHandle for RemoteStage {
     }
 
     fn begin_cycle(&self) {
+        if let Some(batch) = &self.batch {
+            let mut st = batch.state.lock().unwrap_or_else(|e| e.into_inner());
+            if self.batch_epoch.load(Ordering::Relaxed) >= st.epoch {
+                // The first of the agent's stages this cycle: ask for all.
+                st.epoch += 1;
+                st.replies.clear();
+                st.error = None;
+                let mut client = self.client.clone();
+                let req = request(
+                    &self.inner.options,
+                    None,
+                    pb::CollectRequest { lease_ms: millis(self.inner.options.lease), with_settings: false },
+                );
+                let p = self
+                    .inner
+                    .rt()
+                    .spawn(async move { client.collect_all(req).await.map(tonic::Response::into_inner) });
+                if let Some(old) = st.pending.replace(p) {
+                    old.abort();
+                }
+            }
+            self.batch_epoch.store(st.epoch, Ordering::Relaxed);
+            return;
+        }
         let p = self.spawn_collect(false);
         if let Some(old) = self.pending_collect.lock().unwrap_or_else(|e| e.into_inner()).replace(p) {
             old.abort();
@@ -504,6 +647,7 @@ impl StageHandle for RemoteStage {
             shadow: o.spec.as_ref().and_then(|s| s.build().ok()),
             pending: Arc::clone(&self.pending_configure),
             sent: Arc::clone(&self.sent),
+            stage_key: self.stage_key.clone(),
         }))
     }
 }
@@ -526,6 +670,7 @@ struct RemoteObject {
     shadow: Option<Object>,
     pending: PendingChanges,
     sent: SentChanges,
+    stage_key: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 impl RemoteObject {
@@ -544,7 +689,7 @@ impl RemoteObject {
             }
         }
         let mut client = self.client.clone();
-        let req = request(&self.inner.options, req);
+        let req = request(&self.inner.options, self.stage_key.as_ref(), req);
         Some(self.inner.rt().spawn(async move { client.configure(req).await.map(tonic::Response::into_inner) }))
     }
 

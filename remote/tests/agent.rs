@@ -326,3 +326,62 @@ fn a_restarted_stage_is_noticed() {
     });
     assert!(err.is_some(), "a new stage behind the same socket must not pass for the old one");
 }
+
+#[test]
+fn one_agent_serves_several_stages_and_reads_them_in_one_call() {
+    use controller::{Controller, ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind};
+    let (a, b) = (stage("alpha"), stage("beta"));
+    let e = StageAgent::builder(stage("same")).stage(stage("same")).serve(&loopback()).unwrap_err().to_string();
+    assert!(e.contains("two stages are named 'same'"), "{e}");
+    let agent = StageAgent::builder(Arc::clone(&a)).stage(Arc::clone(&b)).serve(&loopback()).unwrap();
+    let c = connector(|o| o.lease = Duration::from_secs(5));
+    let e = c.connect(agent.endpoint()).unwrap_err().to_string();
+    assert!(e.contains("serves 2 stages (alpha, beta)"), "{e}");
+    let e = c.connect_stage(agent.endpoint(), "gamma").unwrap_err().to_string();
+    assert!(e.contains("NotFound") && e.contains("no stage 'gamma'"), "{e}");
+    let only_b = c.connect_stage(agent.endpoint(), "beta").unwrap();
+    assert_eq!(only_b.name(), "beta");
+    only_b.configure("fg", "drl", &ObjectConfig::rate("3MiB/s".parse().unwrap())).unwrap();
+    assert_eq!(drl_rate(&b), "3MiB/s".parse().unwrap());
+    assert_eq!(drl_rate(&a), "64MiB/s".parse().unwrap(), "the other stage is untouched");
+
+    // A controller over both, through one connection: each cycle reads
+    // both stages with one CollectAll.
+    let stages = c.connect_all(agent.endpoint()).unwrap();
+    assert_eq!(stages.iter().map(|s| s.name()).collect::<Vec<_>>(), ["alpha", "beta"]);
+    let inst = |n: &str| InstanceConfig {
+        name: n.into(),
+        demand: Rate::UNLIMITED,
+        channel: "fg".into(),
+        object: "drl".into(),
+    };
+    let mut cfg = ControllerConfig::fair_share(
+        PolicyKind::Static,
+        FairShareConfig {
+            device_bandwidth: kv_stage::Bandwidth::new(10.0 * 1048576.0).unwrap(),
+            instances: vec![
+                InstanceConfig { demand: "1MiB/s".parse().unwrap(), ..inst("alpha") },
+                InstanceConfig { demand: "2MiB/s".parse().unwrap(), ..inst("beta") },
+            ],
+        },
+    );
+    cfg.interval = Some(Duration::from_millis(5));
+    let mut builder = Controller::builder(cfg);
+    for s in stages {
+        let name = s.name().to_owned();
+        builder = builder.instance(name, Arc::new(s) as Arc<dyn StageHandle>);
+    }
+    let calls = agent.stats().calls;
+    let ctl = builder.start().unwrap();
+    while ctl.cycles() < 20 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = ctl.stop();
+    assert_eq!(drl_rate(&a), "1MiB/s".parse().unwrap());
+    assert_eq!(drl_rate(&b), "2MiB/s".parse().unwrap());
+    assert!(log.iter().all(|r| r.inputs.iter().all(|i| i.error.is_none())), "every cycle read both");
+    // 20+ cycles of two stages: about one call per cycle (one CollectAll),
+    // plus the layouts and the two changes, not two per cycle.
+    let used = agent.stats().calls - calls;
+    assert!(used < log.len() as u64 + 10, "{used} calls for {} cycles", log.len());
+}

@@ -200,9 +200,11 @@ impl Policy for FairShare {
 
     fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
         // Instances are matched to the configured ones by name.
+        let by_name: std::collections::HashMap<&str, &InstanceConfig> =
+            self.instances.iter().map(|c| (c.name.as_str(), c)).collect();
         let mut active = Vec::new();
         for v in &obs.instances {
-            let Some(cfg) = self.instances.iter().find(|c| c.name == v.name) else { continue };
+            let Some(&cfg) = by_name.get(v.name.as_str()) else { continue };
             let usage = v.rates.object(&cfg.channel, &cfg.object).bytes_per_sec;
             let limit = v.current_rate(&cfg.channel, &cfg.object);
             active.push((v.key, cfg, FlowInput { demand: cfg.demand.per_sec(), usage, limit }));

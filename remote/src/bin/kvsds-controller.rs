@@ -13,7 +13,7 @@ use kv_remote::{Fleet, FleetConfig};
 #[derive(Debug, Parser)]
 #[command(name = "kvsds-controller", version)]
 struct Args {
-    /// The fleet file (TOML: the controller's keys and a [fleet] table).
+    /// The fleet file (TOML: the controller's keys and a `[fleet]` table).
     #[arg(long)]
     config: PathBuf,
     /// Stop after this long (e.g. "60s"); default: run until a signal.
@@ -43,10 +43,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     if args.check {
         println!(
-            "{}: policy {:?}, {} stage(s), interval {:?}, lease {:?}",
+            "{}: policy {:?}, {} stage(s) and {} host(s), interval {:?}, lease {:?}",
             args.config.display(),
             config.controller.policy,
             config.fleet.stage.len(),
+            config.fleet.host.len(),
             config.controller.effective_interval(),
             config.lease()
         );
@@ -57,9 +58,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let _ = tx.send(());
     })?;
     eprintln!(
-        "kvsds-controller: policy {:?}, {} stage(s), interval {:?}, lease {:?}, pid {}",
+        "kvsds-controller: policy {:?}, {} stage(s) and {} host(s), interval {:?}, lease {:?}, pid {}",
         config.controller.policy,
         config.fleet.stage.len(),
+        config.fleet.host.len(),
         config.controller.effective_interval(),
         config.lease(),
         std::process::id()
