@@ -550,21 +550,24 @@ fn request<T>(o: &ClientOptions, stage: Option<&tonic::metadata::AsciiMetadataVa
 /// A change on the wire: a DRL's rate alone goes as a number, anything
 /// else as the rule's settings in JSON.
 fn configure_request(channel: &str, object: &str, set: &ObjectConfig, lease: Duration) -> pb::ConfigureRequest {
-    // A typed rate change (what a controller makes) parses back without
-    // writing the settings out; anything else goes as the rule's JSON.
-    let change = match set.parse::<DrlSettings>("DRL") {
+    pb::ConfigureRequest {
+        channel: channel.to_owned(),
+        object: object.to_owned(),
+        change: Some(change_of(set)),
+        lease_ms: millis(lease),
+    }
+}
+
+/// A typed rate change (what a controller makes) parses back without
+/// writing the settings out; anything else goes as the rule's JSON.
+fn change_of(set: &ObjectConfig) -> pb::configure_request::Change {
+    match set.parse::<DrlSettings>("DRL") {
         Ok(DrlSettings { rate: Some(r), burst: None, refill_period: None })
             if r.unit() == kv_stage::RateUnit::Bytes =>
         {
             pb::configure_request::Change::RateBps(r.per_sec())
         }
         _ => pb::configure_request::Change::SettingsJson(serde_json::to_string(set).unwrap_or_default()),
-    };
-    pb::ConfigureRequest {
-        channel: channel.to_owned(),
-        object: object.to_owned(),
-        change: Some(change),
-        lease_ms: millis(lease),
     }
 }
 
@@ -677,17 +680,20 @@ impl RemoteObject {
     /// Sends a change; `None` when the same change was sent under a lease
     /// that still holds.
     fn send(&self, set: &ObjectConfig) -> Option<Pending<pb::ConfigureReply>> {
-        let req = configure_request(&self.target.channel, &self.target.object, set, self.inner.options.lease);
-        let change = req.change.clone()?;
-        {
+        let change = change_of(set);
+        if !self.inner.options.lease.is_zero() {
             let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
-            if !self.inner.options.lease.is_zero() {
-                if sent.get(&self.target) == Some(&change) {
-                    return None;
-                }
-                sent.insert(self.target.clone(), change);
+            if sent.get(&self.target) == Some(&change) {
+                return None;
             }
+            sent.insert(self.target.clone(), change.clone());
         }
+        let req = pb::ConfigureRequest {
+            channel: self.target.channel.clone(),
+            object: self.target.object.clone(),
+            change: Some(change),
+            lease_ms: millis(self.inner.options.lease),
+        };
         let mut client = self.client.clone();
         let req = request(&self.inner.options, self.stage_key.as_ref(), req);
         Some(self.inner.rt().spawn(async move { client.configure(req).await.map(tonic::Response::into_inner) }))

@@ -223,7 +223,11 @@ impl Policy for FairShare {
                 "limit_bps": rate,
             }));
         }
-        Ok(Decision { settings, notes: json!({ "capacity_bps": self.capacity, "instances": notes }) })
+        // The notes move in (`json!` would serialize the vector again).
+        let mut top = serde_json::Map::new();
+        top.insert("capacity_bps".into(), json!(self.capacity));
+        top.insert("instances".into(), serde_json::Value::Array(notes));
+        Ok(Decision { settings, notes: serde_json::Value::Object(top) })
     }
 
     fn instance_joined(&mut self, config: &InstanceConfig) {
