@@ -505,8 +505,9 @@ impl LoopState {
                 Ok((c, i)) => (Arc::new(c), i),
                 Err(e) => {
                     // Left out of this cycle (a policy shares among those it
-                    // sees); rates are taken afresh when it is back.
-                    inst.previous = None;
+                    // sees). Its previous collection stays: counters are
+                    // monotonic, so the next read gives the average rate
+                    // over the gap, not a false zero.
                     inputs.push(InstanceInputs {
                         instance: inst.name.clone(),
                         context_bps: Vec::new(),

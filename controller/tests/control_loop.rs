@@ -106,3 +106,79 @@ fn the_memory_log_is_bounded_and_the_file_has_every_cycle() {
     assert!(ctl.stop().is_empty());
     assert!(std::fs::read_to_string(&file).unwrap().lines().count() >= 5);
 }
+
+/// A stage whose next collect fails when asked (a remote stage with a
+/// network hiccup).
+struct Hiccup {
+    stage: std::sync::Arc<kv_stage::Stage>,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl controller::StageHandle for Hiccup {
+    fn collect(&self) -> Result<kv_stage::Collection, controller::HandleError> {
+        if self.fail.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return Err(controller::HandleError("unreachable for a moment".into()));
+        }
+        Ok(self.stage.collect())
+    }
+    fn stage_info(&self) -> Result<kv_stage::StageInfo, controller::HandleError> {
+        Ok(self.stage.stage_info())
+    }
+    fn apply(&self, rules: &kv_stage::RuleSet) -> kv_stage::Result<kv_stage::ApplyReport> {
+        self.stage.apply(rules)
+    }
+    fn object(&self, channel: &str, object: &str) -> Option<std::sync::Arc<dyn controller::ObjectControl>> {
+        self.stage
+            .object(channel, object)
+            .map(|h| std::sync::Arc::new(h) as std::sync::Arc<dyn controller::ObjectControl>)
+    }
+}
+
+/// A stage that cannot be read in one cycle is left out of it, and the
+/// next cycle's rates span the gap: not a false zero (which a fair-share
+/// policy would read as an idle tenant and cut to its floor).
+#[test]
+fn a_stage_missed_for_a_cycle_is_left_out_and_its_rates_span_the_gap() {
+    use kv_stage::{Context, RequestContext, RequestType};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stage = stage_with_drl("hiccup");
+    let handle = Arc::new(Hiccup { stage: Arc::clone(&stage), fail: AtomicBool::new(false) });
+    let mut cfg = ControllerConfig::silk(SilkConfig::default());
+    cfg.interval = Some(Duration::from_millis(20));
+    let ctl = Controller::builder(cfg).instance("s", handle.clone()).start().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stage, stop) = (Arc::clone(&stage), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(10) {
+                let _ = stage.enforce(&Context::new(RequestType::Write, 1000).in_context(RequestContext::FOREGROUND));
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    while ctl.cycles() < 5 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    handle.fail.store(true, Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    let log = loop {
+        let log = ctl.log();
+        if let Some(i) = log.iter().position(|r| r.inputs[0].error.is_some())
+            && log.len() > i + 1
+        {
+            break log;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "no failed cycle");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    ctl.stop();
+    let i = log.iter().position(|r| r.inputs[0].error.is_some()).unwrap();
+    assert!(log[i].inputs[0].error.as_deref().unwrap().contains("unreachable"));
+    assert!(log[i].inputs[0].context_bps.is_empty(), "the failed cycle has no rates");
+    let after = controller::context_rate(&log[i + 1].inputs[0], RequestContext::FOREGROUND);
+    assert!(after > 100_000.0, "the cycle after the gap saw {after} B/s of foreground writes");
+}

@@ -385,12 +385,13 @@ impl RemoteStage {
         self.inner.rt().spawn(async move { client.collect(req).await.map(tonic::Response::into_inner) })
     }
 
+    /// Waits for a call; the caller notes the outcome (after decoding it:
+    /// a reply from a restarted stage is a failure too).
     fn wait<T>(&self, p: Pending<T>) -> std::result::Result<T, String> {
-        let r = self.inner.block_on(p).and_then(|j| match j {
+        self.inner.block_on(p).and_then(|j| match j {
             Ok(r) => r.map_err(|s| status_message(&s)),
             Err(e) => Err(format!("call aborted: {e}")),
-        });
-        self.note(r)
+        })
     }
 
     fn decode_collection(&self, reply: pb::CollectReply) -> std::result::Result<Collection, String> {
@@ -437,20 +438,20 @@ impl RemoteStage {
             (None, None) => Err(format!("the agent's reply has no stage '{name}'")),
         };
         drop(st);
-        Some(self.note(r))
+        Some(r)
     }
 
     /// The stage's counters now (blocking).
     pub fn collect_now(&self) -> Result<Collection> {
         let p = self.spawn_collect(false);
-        self.wait(p).and_then(|r| self.decode_collection(r)).map_err(|m| self.error(m))
+        self.note(self.wait(p).and_then(|r| self.decode_collection(r))).map_err(|m| self.error(m))
     }
 
     /// Every object's configuration now (channel, object, spec), and the
     /// lease's state.
     pub fn settings(&self) -> Result<(Vec<ObjectSetting>, pb::LeaseState)> {
         let p = self.spawn_collect(true);
-        let reply = self.wait(p).map_err(|m| self.error(m))?;
+        let reply = self.note(self.wait(p)).map_err(|m| self.error(m))?;
         let mut out = Vec::new();
         for s in reply.settings {
             let spec: ObjectSpec = serde_json::from_str(&s.spec_json)
@@ -580,11 +581,11 @@ fn rules_json(rules: &RuleSet) -> String {
 impl StageHandle for RemoteStage {
     fn collect(&self) -> std::result::Result<Collection, HandleError> {
         if let Some(r) = self.collect_batched() {
-            return r.and_then(|r| self.decode_collection(r)).map_err(HandleError);
+            return self.note(r.and_then(|r| self.decode_collection(r))).map_err(HandleError);
         }
         let pending = self.pending_collect.lock().unwrap_or_else(|e| e.into_inner()).take();
         let p = pending.unwrap_or_else(|| self.spawn_collect(false));
-        self.wait(p).and_then(|r| self.decode_collection(r)).map_err(HandleError)
+        self.note(self.wait(p).and_then(|r| self.decode_collection(r))).map_err(HandleError)
     }
 
     fn stage_info(&self) -> std::result::Result<StageInfo, HandleError> {
@@ -626,7 +627,7 @@ impl StageHandle for RemoteStage {
         let pending = std::mem::take(&mut *self.pending_configure.lock().unwrap_or_else(|e| e.into_inner()));
         let mut failed = Vec::new();
         for (o, p) in pending {
-            if let Err(e) = self.wait(p) {
+            if let Err(e) = self.note(self.wait(p)) {
                 self.sent.lock().unwrap_or_else(|e| e.into_inner()).remove(&o);
                 failed.push((o, e));
             }

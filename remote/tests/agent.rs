@@ -325,6 +325,12 @@ fn a_restarted_stage_is_noticed() {
         c.collect_now().is_err_and(|e| e.to_string().contains("the stage was restarted"))
     });
     assert!(err.is_some(), "a new stage behind the same socket must not pass for the old one");
+    // And it counts as a failure, so a supervisor drops it and connects
+    // again (an answer from the wrong stage is no answer).
+    let before = c.failures();
+    assert!(before >= 1, "a restarted stage's reply reset the failure count");
+    assert!(c.collect_now().is_err());
+    assert_eq!(c.failures(), before + 1);
 }
 
 #[test]
