@@ -451,7 +451,13 @@ impl Supervisor {
         };
         let mut out = Vec::new();
         for (name, stage) in stages {
-            let Some(instance) = self.instance(&name) else { continue };
+            let Some(instance) = self.instance(&name) else {
+                eprintln!(
+                    "kvsds-controller: {}: stage '{name}' is not a fair_share.instance; not controlled",
+                    u.endpoint
+                );
+                continue;
+            };
             if self.check_binding {
                 let info = stage.stage_info_now()?;
                 controller::check_binding(&instance, &info).map_err(|e| Error::Remote {

@@ -44,6 +44,45 @@ fn connector(f: impl FnOnce(&mut ClientOptions)) -> Connector {
     Connector::new(o).unwrap()
 }
 
+/// Runs `f` while a tenant thread enforces requests through `stage`;
+/// asserts the tenant is served before and after `f` and that none of its
+/// requests failed.
+fn with_tenant(stage: &Arc<Stage>, f: impl FnOnce()) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let tenant = {
+        let (stage, stop, done, failed) =
+            (Arc::clone(stage), Arc::clone(&stop), Arc::clone(&done), Arc::clone(&failed));
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !stop.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(60) {
+                let ctx =
+                    kv_stage::Context::new(kv_stage::RequestType::Write, 4096).in_context(RequestContext::FOREGROUND);
+                match stage.enforce(&ctx) {
+                    Ok(_) => done.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        })
+    };
+    // Served before, during and after the bad input.
+    let progress = |from: u64| {
+        let t = Instant::now();
+        while done.load(Ordering::Relaxed) <= from {
+            assert!(t.elapsed() < Duration::from_secs(5), "the tenant is not served");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    progress(0);
+    f();
+    progress(done.load(Ordering::Relaxed));
+    stop.store(true, Ordering::Relaxed);
+    tenant.join().unwrap();
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "the tenant's requests failed");
+}
+
 /// The agent still serves its stage: a fresh, well-behaved client reads it.
 fn still_serves(agent: &StageAgent, token: Option<&str>) {
     let c = connector(|o| o.token = token.map(str::to_owned));
@@ -55,7 +94,8 @@ fn still_serves(agent: &StageAgent, token: Option<&str>) {
 fn wrong_protocol_version_is_refused_by_name() {
     let s = stage("versions");
     let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
-    let err = connector(|o| o.protocol_version = 2).connect(agent.endpoint()).unwrap_err().to_string();
+    let mut err = String::new();
+    with_tenant(&s, || err = connector(|o| o.protocol_version = 2).connect(agent.endpoint()).unwrap_err().to_string());
     assert!(err.contains("FailedPrecondition") && err.contains("protocol version 2 is not supported"), "{err}");
     assert!(err.contains("kvsds.control.v1"), "{err}");
     assert_eq!(agent.stats().refused_version, 1);
@@ -66,7 +106,10 @@ fn wrong_protocol_version_is_refused_by_name() {
 fn tokens_are_checked_and_refusals_counted() {
     let s = stage("tokens");
     let agent = StageAgent::builder(Arc::clone(&s)).token("s3cret-token").serve(&loopback()).unwrap();
-    let wrong = connector(|o| o.token = Some("guess".into())).connect(agent.endpoint()).unwrap_err().to_string();
+    let mut wrong = String::new();
+    with_tenant(&s, || {
+        wrong = connector(|o| o.token = Some("guess".into())).connect(agent.endpoint()).unwrap_err().to_string();
+    });
     assert!(wrong.contains("Unauthenticated") && wrong.contains("wrong token"), "{wrong}");
     let none = connector(|_| {}).connect(agent.endpoint()).unwrap_err().to_string();
     assert!(none.contains("Unauthenticated") && none.contains("needs a token"), "{none}");
@@ -110,7 +153,8 @@ channel = "backup"
 object = "drl"
 spec = { kind = "drl", rate = "-5MiB/s" }
 "#;
-    let err = remote.apply_text(text, RulesFormat::Toml, "tenant.toml").unwrap_err().to_string();
+    let mut err = String::new();
+    with_tenant(&s, || err = remote.apply_text(text, RulesFormat::Toml, "tenant.toml").unwrap_err().to_string());
     assert!(err.contains("InvalidArgument") && err.contains("tenant.toml:13") && err.contains("negative"), "{err}");
     assert_eq!(s.collect().generation, generation, "nothing applied");
     assert!(s.stage_info().channels.iter().all(|c| c.id != "backup"));
@@ -167,7 +211,8 @@ fn a_100_mib_message_is_refused_and_the_stage_keeps_serving() {
     .unwrap();
     let generation = s.collect().generation;
     let text = "#".repeat(100 << 20);
-    let err = remote.apply_text(&text, RulesFormat::Toml, "huge").unwrap_err().to_string();
+    let mut err = String::new();
+    with_tenant(&s, || err = remote.apply_text(&text, RulesFormat::Toml, "huge").unwrap_err().to_string());
     assert!(err.contains("OutOfRange") || err.contains("ResourceExhausted"), "{err}");
     assert!(err.contains("too large"), "{err}");
     assert_eq!(s.collect().generation, generation);
@@ -217,7 +262,9 @@ fn truncated_and_malformed_frames_are_refused() {
     let Endpoint::Tcp(addr) = agent.endpoint().clone() else { unreachable!() };
     let path = "/kvsds.control.v1.StageAgent/Configure";
     // The frame says 50 bytes follow; 2 do, then the stream ends.
-    let (status, message) = raw_call(addr, path, vec![0, 0, 0, 0, 50, 10, 2]);
+    let mut answer = (None, None);
+    with_tenant(&s, || answer = raw_call(addr, path, vec![0, 0, 0, 0, 50, 10, 2]));
+    let (status, message) = answer;
     let status: i32 = status.expect("a grpc-status").parse().unwrap();
     assert_ne!(status, 0, "a truncated frame was accepted ({message:?})");
     // A whole frame that is not a ConfigureRequest (a field of wire type 7).
@@ -317,8 +364,9 @@ fn a_restarted_stage_is_noticed() {
     let c = connector(|_| {}).connect(&endpoint).unwrap();
     c.collect_now().unwrap();
     drop(agent);
+    // Gone (refused, or the connection cancelled as the agent stopped).
     let err = c.collect_now().unwrap_err().to_string();
-    assert!(err.contains("Unavailable") || err.contains("transport") || err.contains("connect"), "{err}");
+    assert!(["Unavailable", "Cancelled", "transport", "connect"].iter().any(|w| err.contains(w)), "{err}");
     assert!(c.failures() >= 1);
     let _agent = StageAgent::serve(stage("r"), &endpoint).unwrap();
     let err = wait_until(Duration::from_secs(3), || {
