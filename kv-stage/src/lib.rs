@@ -69,6 +69,7 @@ mod route;
 mod rules;
 mod stage;
 mod stats;
+pub mod timer;
 pub mod units;
 
 pub use context::{Context, ContextScope, InstanceId, Reason, RequestContext, RequestType, WorkflowId, with_context};
@@ -76,8 +77,9 @@ pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Resu
 pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
 pub use matching::{Classifier, FieldMatch, Match};
 pub use objects::{
-    BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl, DrlSettings, DrlSpec, EnforcementObject, Noop, Object,
-    ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec, Settings,
+    AsyncWait, Batch, BatchPlan, BatchSettings, BatchSpec, BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl,
+    DrlSettings, DrlSpec, EnforcementObject, Noop, Object, ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome,
+    Qos, QosSpec, Settings,
 };
 /// The importer of the original Paio text rules.
 pub use rules::paio;
@@ -85,8 +87,8 @@ pub use rules::volumes::{self, Volume, VolumeSelector};
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{
     ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, DEFAULT_CHANNEL,
-    InstanceInfo, JobCounters, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage, StageInfo,
-    WorkflowCounters,
+    Enforce, InstanceInfo, JobCounters, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, Stage,
+    StageInfo, WorkflowCounters,
 };
 pub use stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
 pub use units::{Amount, Bandwidth, Rate, RateUnit};

@@ -33,9 +33,21 @@
 //! [`Bucket`] wraps the core in a mutex and a condition variable. The lock is
 //! held only to reserve and to recompute a deadline; waiting happens in
 //! `Condvar::wait_timeout`, which releases the lock while the thread sleeps.
+//!
+//! The async path ([`Bucket::poll_acquire`]) takes its place in the same
+//! core, so blocking and async requests share one FIFO line. An async
+//! waiter parks its waker in the bucket's *line* (in ticket order) and
+//! asks the [timer](crate::timer) to wake it at its deadline. Whenever a
+//! waiter leaves (admitted, failed or dropped), the first async waiter left
+//! in line is woken to recompute its deadline: a place given back moves
+//! the line up, and this wakes one waiter per event instead of all of them.
+//! Rate changes, shutdown, retirement and closing instances wake every
+//! waiter, as they wake every blocking one.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -209,6 +221,11 @@ struct State {
     /// Instances whose requests are admitted without waiting (closing).
     closed: Vec<InstanceId>,
     stats: BucketStats,
+    /// Async waiters in the order they took their places; `None` once a
+    /// waiter has left (removed when it reaches the front).
+    line: VecDeque<Option<Waker>>,
+    /// The position (see [`BucketWait`]) of `line[0]`.
+    line_head: u64,
 }
 
 impl State {
@@ -221,6 +238,73 @@ impl State {
 
     fn is_closed(&self, instance: InstanceId) -> bool {
         !self.closed.is_empty() && self.closed.contains(&instance)
+    }
+
+    /// Puts an async waiter in line; returns its position.
+    fn join_line(&mut self, waker: &Waker) -> u64 {
+        self.line.push_back(Some(waker.clone()));
+        self.line_head + self.line.len() as u64 - 1
+    }
+
+    fn line_slot(&mut self, pos: u64) -> Option<&mut Option<Waker>> {
+        let i = pos.checked_sub(self.line_head)?;
+        self.line.get_mut(usize::try_from(i).ok()?)
+    }
+
+    /// Takes an async waiter out of line and wakes the first one left, whose
+    /// place may have moved up.
+    fn leave_line(&mut self, pos: u64) {
+        if let Some(slot) = self.line_slot(pos) {
+            *slot = None;
+        }
+        while matches!(self.line.front(), Some(None)) {
+            self.line.pop_front();
+            self.line_head += 1;
+        }
+        if let Some(Some(w)) = self.line.front() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Wakes the first async waiter in line.
+    fn wake_first(&self) {
+        if let Some(w) = self.line.iter().flatten().next() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Wakes every async waiter (they recompute their deadlines).
+    fn wake_line(&self) {
+        self.line.iter().flatten().for_each(Waker::wake_by_ref);
+    }
+}
+
+/// Where an async request stands in a bucket: kept by its future between
+/// polls, handed back to [`Bucket::cancel`] if the future is dropped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BucketWait {
+    /// Waiting (a place is held) since `start`.
+    active: bool,
+    ticket: f64,
+    cost: f64,
+    epoch: u64,
+    start: u64,
+    /// Position in the bucket's line.
+    pos: u64,
+    /// The deadline the timer was last asked to wake it at.
+    timer_at: u64,
+}
+
+impl Default for BucketWait {
+    fn default() -> Self {
+        BucketWait { active: false, ticket: 0.0, cost: 0.0, epoch: 0, start: 0, pos: 0, timer_at: u64::MAX }
+    }
+}
+
+impl BucketWait {
+    /// True while the request holds a place.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.active
     }
 }
 
@@ -245,6 +329,8 @@ impl Bucket {
                 retired: false,
                 closed: Vec::new(),
                 stats: BucketStats::default(),
+                line: VecDeque::new(),
+                line_head: 0,
             }),
             cv: Condvar::new(),
             open: AtomicBool::new(rate.is_infinite()),
@@ -304,6 +390,7 @@ impl Bucket {
             if st.is_closed(instance) {
                 // Leave at once, and let the requests behind move up.
                 st.core.cancel(ticket, cost);
+                st.wake_first();
                 self.cv.notify_all();
                 break Ok(());
             }
@@ -324,6 +411,120 @@ impl Bucket {
         result.map(|()| Duration::from_nanos(waited))
     }
 
+    /// The async form of [`acquire`](Self::acquire): takes the same place in
+    /// the same line, but instead of sleeping returns `Pending` with the
+    /// task's waker parked in the line and a timer set for its deadline.
+    /// `w` carries the request's place between polls; a future that is
+    /// dropped while `w` is waiting must hand it to [`cancel`](Self::cancel).
+    pub(crate) fn poll_acquire(
+        &self,
+        size: u64,
+        instance: InstanceId,
+        w: &mut BucketWait,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Duration, Rejection>> {
+        let mut st;
+        if !w.active {
+            if self.open.load(Ordering::Relaxed) {
+                return Poll::Ready(Ok(Duration::ZERO));
+            }
+            let now = now_ns();
+            st = self.lock();
+            if st.shutdown {
+                return Poll::Ready(Err(Rejection::ShutDown));
+            }
+            let cost = st.cost(size);
+            if st.retired || st.core.is_unlimited() || cost == 0.0 || st.is_closed(instance) {
+                return Poll::Ready(Ok(Duration::ZERO));
+            }
+            if st.waiters == 0 {
+                st.core.rebase();
+            }
+            let ticket = st.core.reserve(now, cost);
+            st.stats.admitted_tokens += cost;
+            if matches!(st.core.ready_at(ticket), Some(t) if t <= now) {
+                return Poll::Ready(Ok(Duration::ZERO));
+            }
+            st.waiters += 1;
+            st.stats.waiting = st.waiters;
+            let pos = st.join_line(cx.waker());
+            *w = BucketWait { active: true, ticket, cost, epoch: st.epoch, start: now, pos, timer_at: u64::MAX };
+        } else {
+            st = self.lock();
+            if let Some(Some(parked)) = st.line_slot(w.pos)
+                && !parked.will_wake(cx.waker())
+            {
+                parked.clone_from(cx.waker());
+            }
+        }
+        let result = loop {
+            if st.shutdown {
+                break Err(Rejection::ShutDown);
+            }
+            if st.retired {
+                break Ok(());
+            }
+            if st.epoch != w.epoch {
+                // The unit changed: take a place in the new accounting.
+                w.epoch = st.epoch;
+                w.cost = st.cost(size);
+                if st.core.is_unlimited() || w.cost == 0.0 {
+                    break Ok(());
+                }
+                w.ticket = st.core.reserve(now_ns(), w.cost);
+                st.stats.admitted_tokens += w.cost;
+                w.timer_at = u64::MAX;
+                continue;
+            }
+            if st.is_closed(instance) {
+                st.core.cancel(w.ticket, w.cost);
+                self.cv.notify_all();
+                break Ok(());
+            }
+            let t = now_ns();
+            match st.core.ready_at(w.ticket) {
+                Some(at) if at <= t => break Ok(()),
+                Some(at) => {
+                    drop(st);
+                    if at < w.timer_at || w.timer_at <= t {
+                        w.timer_at = at;
+                        crate::timer::wake_at(at, cx.waker());
+                    }
+                    return Poll::Pending;
+                }
+                None => return Poll::Pending,
+            }
+        };
+        w.active = false;
+        st.waiters -= 1;
+        st.stats.waiting = st.waiters;
+        st.leave_line(w.pos);
+        let waited = now_ns().saturating_sub(w.start);
+        st.stats.waits += 1;
+        st.stats.wait_ns += waited;
+        Poll::Ready(result.map(|()| Duration::from_nanos(waited)))
+    }
+
+    /// Gives back the place of an async request whose future was dropped
+    /// while waiting: the requests behind it move up, and its tokens are
+    /// not counted as admitted.
+    pub(crate) fn cancel(&self, w: &mut BucketWait) {
+        if !w.active {
+            return;
+        }
+        w.active = false;
+        let mut st = self.lock();
+        if st.epoch == w.epoch && !st.retired && !st.shutdown {
+            st.core.cancel(w.ticket, w.cost);
+            st.stats.admitted_tokens -= w.cost;
+        }
+        st.waiters -= 1;
+        st.stats.waiting = st.waiters;
+        st.leave_line(w.pos);
+        drop(st);
+        self.cv.notify_all();
+    }
+
     /// Sets rate (tokens/s, `INFINITY` for unlimited), unit and burst, and
     /// wakes waiters so they recompute their deadlines. A change of unit
     /// starts a new epoch (see the module documentation).
@@ -337,6 +538,7 @@ impl Bucket {
             st.epoch += 1;
         }
         self.open.store(rate.is_infinite() && !st.shutdown, Ordering::Relaxed);
+        st.wake_line();
         drop(st);
         self.cv.notify_all();
     }
@@ -356,6 +558,7 @@ impl Bucket {
         let mut st = self.lock();
         st.shutdown = true;
         self.open.store(false, Ordering::Relaxed);
+        st.wake_line();
         drop(st);
         self.cv.notify_all();
     }
@@ -365,6 +568,7 @@ impl Bucket {
     pub(crate) fn retire(&self) {
         let mut st = self.lock();
         st.retired = true;
+        st.wake_line();
         drop(st);
         self.cv.notify_all();
     }
@@ -376,6 +580,7 @@ impl Bucket {
         if !st.closed.contains(&instance) {
             st.closed.push(instance);
         }
+        st.wake_line();
         drop(st);
         self.cv.notify_all();
     }

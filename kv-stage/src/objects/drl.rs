@@ -147,6 +147,10 @@ impl Drl {
     pub fn burst(&self) -> f64 {
         self.bucket.config().2
     }
+
+    pub(super) fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
 }
 
 impl EnforcementObject for Drl {
@@ -170,7 +174,7 @@ impl EnforcementObject for Drl {
 
     #[inline]
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
-        self.bucket.acquire(ctx.size, ctx.instance).map(|waited| Outcome { waited })
+        self.bucket.acquire(ctx.size, ctx.instance).map(Outcome::waited)
     }
 
     fn spec(&self) -> Option<ObjectSpec> {
@@ -195,6 +199,19 @@ impl EnforcementObject for Drl {
 
     fn open_instance(&self, instance: InstanceId) {
         self.bucket.open_instance(instance);
+    }
+
+    fn poll_enforce(
+        &self,
+        ctx: &Context,
+        wait: &mut super::AsyncWait,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Outcome, Rejection>> {
+        self.poll_wait(ctx, wait, cx)
+    }
+
+    fn cancel_enforce(&self, _ctx: &Context, wait: &mut super::AsyncWait) {
+        self.cancel_wait(wait);
     }
 }
 

@@ -8,21 +8,33 @@
 //! * [`Noop`]: admits everything; the stage counts its ops and bytes;
 //! * [`Drl`]: a dynamic rate limiter (token bucket) in bytes/s or ops/s;
 //! * [`Qos`]: per-volume limits in the LINSTOR/cgroup style (`rbps`, `wbps`,
-//!   `riops`, `wiops`), each optional, all changeable live.
+//!   `riops`, `wiops`), each optional, all changeable live;
+//! * [`Batch`]: i10-style batching thresholds (requests, bytes, timeout) a
+//!   layer that can batch (the async DB of `kv-async`) applies to the
+//!   requests it admits.
+//!
+//! Requests are admitted either blocking ([`EnforcementObject::enforce`]) or
+//! as a future ([`EnforcementObject::poll_enforce`], which
+//! [`Stage::enforce_async`](crate::Stage::enforce_async) drives); the
+//! built-in objects keep both in one FIFO line.
 //!
 //! Applications add their own by implementing the trait and handing an
 //! instance to [`Stage::create_custom_object`](crate::Stage::create_custom_object).
 
+mod batch;
 mod bucket;
 mod drl;
 mod qos;
 
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use batch::{Batch, BatchPlan, BatchSettings, BatchSpec};
 pub use bucket::BucketStats;
+use bucket::BucketWait;
 pub(crate) use bucket::now_ns;
 pub use drl::{Drl, DrlSettings, DrlSpec};
 pub use qos::{Qos, QosSpec};
@@ -40,11 +52,43 @@ pub const DEFAULT_REFILL_PERIOD: Duration = Duration::from_millis(10);
 pub struct Outcome {
     /// How long the request waited to be admitted.
     pub waited: Duration,
+    /// Set when the request reached a [`Batch`] object: the thresholds a
+    /// layer that can batch should group it by. A layer that cannot batch
+    /// carries the request out alone.
+    pub batch: Option<BatchPlan>,
 }
 
 impl Outcome {
     /// Admitted without waiting.
-    pub const IMMEDIATE: Outcome = Outcome { waited: Duration::ZERO };
+    pub const IMMEDIATE: Outcome = Outcome { waited: Duration::ZERO, batch: None };
+
+    /// Admitted after waiting `waited`.
+    pub const fn waited(waited: Duration) -> Outcome {
+        Outcome { waited, batch: None }
+    }
+}
+
+/// Where a request admitted asynchronously stands in its object, kept by
+/// the future between polls (see [`EnforcementObject::poll_enforce`]).
+///
+/// Opaque: the built-in objects keep their place in line here. An
+/// application object that implements `poll_enforce` keeps its own state
+/// elsewhere and may use [`AsyncWait::user`] as a key to it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AsyncWait {
+    step: u8,
+    bucket: BucketWait,
+    waited: Duration,
+    /// Free for an application object's own use (0 at the first poll).
+    pub user: u64,
+}
+
+impl AsyncWait {
+    /// True while the request holds a place in an object's line (a future
+    /// dropped now must call [`EnforcementObject::cancel_enforce`]).
+    pub fn is_waiting(&self) -> bool {
+        self.bucket.is_waiting() || self.user != 0
+    }
 }
 
 /// Object-specific statistics, reported by `Stage::collect` next to the
@@ -237,7 +281,7 @@ impl ConfigError {
 
 /// What kind an object is: a built-in, or an application's own, by the
 /// name its [`EnforcementObject::kind`] gives. In files and statistics, the
-/// name (`"noop"`, `"drl"`, `"qos"`, or the custom name).
+/// name (`"noop"`, `"drl"`, `"qos"`, `"batch"`, or the custom name).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ObjectKind {
     /// [`Noop`].
@@ -247,6 +291,8 @@ pub enum ObjectKind {
     Drl,
     /// [`Qos`], or an application object that calls itself `"qos"`.
     Qos,
+    /// [`Batch`], or an application object that calls itself `"batch"`.
+    Batch,
     /// Any other application object.
     Custom(String),
 }
@@ -258,6 +304,7 @@ impl ObjectKind {
             "noop" => ObjectKind::Noop,
             "drl" => ObjectKind::Drl,
             "qos" => ObjectKind::Qos,
+            "batch" => ObjectKind::Batch,
             other => ObjectKind::Custom(other.to_owned()),
         }
     }
@@ -268,6 +315,7 @@ impl ObjectKind {
             ObjectKind::Noop => "noop",
             ObjectKind::Drl => "drl",
             ObjectKind::Qos => "qos",
+            ObjectKind::Batch => "batch",
             ObjectKind::Custom(n) => n,
         }
     }
@@ -301,6 +349,8 @@ pub enum ObjectSpec {
     Drl(DrlSpec),
     /// Per-volume QoS limits.
     Qos(QosSpec),
+    /// i10-style batching thresholds.
+    Batch(BatchSpec),
 }
 
 impl ObjectSpec {
@@ -310,6 +360,7 @@ impl ObjectSpec {
             ObjectSpec::Noop => "noop",
             ObjectSpec::Drl(_) => "drl",
             ObjectSpec::Qos(_) => "qos",
+            ObjectSpec::Batch(_) => "batch",
         }
     }
 
@@ -319,6 +370,7 @@ impl ObjectSpec {
             ObjectSpec::Noop => Ok(()),
             ObjectSpec::Drl(s) => s.validate(),
             ObjectSpec::Qos(s) => s.validate(),
+            ObjectSpec::Batch(s) => s.validate(),
         }
     }
 
@@ -329,6 +381,7 @@ impl ObjectSpec {
             ObjectSpec::Noop => Object::Noop(Noop),
             ObjectSpec::Drl(s) => Object::Drl(Drl::new(s.clone())?),
             ObjectSpec::Qos(s) => Object::Qos(Qos::new(s.clone())?),
+            ObjectSpec::Batch(s) => Object::Batch(Batch::new(s.clone())?),
         })
     }
 }
@@ -351,6 +404,33 @@ pub trait EnforcementObject: Send + Sync + 'static {
 
     /// Enforces one request, blocking until it is admitted.
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection>;
+
+    /// Enforces one request without blocking: `Ready` once it is admitted
+    /// (or refused), `Pending` with `cx`'s waker registered to be woken
+    /// when it may be. `wait` is the request's state between polls (default
+    /// at the first); a future dropped while
+    /// [`wait.is_waiting()`](AsyncWait::is_waiting) calls
+    /// [`cancel_enforce`](Self::cancel_enforce).
+    ///
+    /// The default calls the blocking [`enforce`](Self::enforce): right for
+    /// objects that never wait, and a stall of the polling thread for those
+    /// that do. The built-in objects wait asynchronously, in the same FIFO
+    /// line as blocking callers.
+    fn poll_enforce(
+        &self,
+        ctx: &Context,
+        wait: &mut AsyncWait,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Outcome, Rejection>> {
+        let _ = (wait, cx);
+        Poll::Ready(self.enforce(ctx))
+    }
+
+    /// A request whose future was dropped while waiting gives its place
+    /// back: no tokens are charged for it, and those behind it move up.
+    fn cancel_enforce(&self, ctx: &Context, wait: &mut AsyncWait) {
+        let _ = (ctx, wait);
+    }
 
     /// The current configuration as a spec (`None` for objects that have no
     /// serializable spec).
@@ -404,6 +484,54 @@ impl EnforcementObject for Noop {
     }
 }
 
+impl Drl {
+    pub(crate) fn poll_wait(
+        &self,
+        ctx: &Context,
+        w: &mut AsyncWait,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Outcome, Rejection>> {
+        self.bucket().poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx).map(|r| r.map(Outcome::waited))
+    }
+
+    pub(crate) fn cancel_wait(&self, w: &mut AsyncWait) {
+        self.bucket().cancel(&mut w.bucket);
+    }
+}
+
+impl Qos {
+    /// Bandwidth bucket first (step 0), then the ops bucket (step 1), as
+    /// the blocking path does.
+    pub(crate) fn poll_wait(
+        &self,
+        ctx: &Context,
+        w: &mut AsyncWait,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Outcome, Rejection>> {
+        let Some((bw, ops)) = self.buckets_for(ctx) else { return Poll::Ready(Ok(Outcome::IMMEDIATE)) };
+        if w.step == 0 {
+            match bw.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(d)) => {
+                    w.waited = d;
+                    w.step = 1;
+                }
+            }
+        }
+        match ops.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => Poll::Ready(r.map(|d| Outcome::waited(w.waited + d))),
+        }
+    }
+
+    pub(crate) fn cancel_wait(&self, ctx: &Context, w: &mut AsyncWait) {
+        if let Some((bw, ops)) = self.buckets_for(ctx) {
+            if w.step == 0 { bw.cancel(&mut w.bucket) } else { ops.cancel(&mut w.bucket) }
+        }
+    }
+}
+
 /// An enforcement object: the built-in kinds dispatched without a virtual
 /// call, or an application's own behind the trait.
 #[allow(
@@ -417,6 +545,8 @@ pub enum Object {
     Drl(Drl),
     /// See [`Qos`].
     Qos(Qos),
+    /// See [`Batch`].
+    Batch(Batch),
     /// An application-defined object.
     Custom(Arc<dyn EnforcementObject>),
 }
@@ -433,6 +563,7 @@ macro_rules! dispatch {
             Object::Noop($o) => $e,
             Object::Drl($o) => $e,
             Object::Qos($o) => $e,
+            Object::Batch($o) => $e,
             Object::Custom($o) => $e,
         }
     };
@@ -454,7 +585,31 @@ impl EnforcementObject for Object {
             Object::Noop(_) => Ok(Outcome::IMMEDIATE),
             Object::Drl(o) => o.enforce(ctx),
             Object::Qos(o) => o.enforce(ctx),
+            Object::Batch(o) => o.enforce(ctx),
             Object::Custom(o) => o.enforce(ctx),
+        }
+    }
+    #[inline]
+    fn poll_enforce(
+        &self,
+        ctx: &Context,
+        wait: &mut AsyncWait,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Outcome, Rejection>> {
+        match self {
+            Object::Noop(_) => Poll::Ready(Ok(Outcome::IMMEDIATE)),
+            Object::Drl(o) => o.poll_wait(ctx, wait, cx),
+            Object::Qos(o) => o.poll_wait(ctx, wait, cx),
+            Object::Batch(o) => Poll::Ready(o.enforce(ctx)),
+            Object::Custom(o) => o.poll_enforce(ctx, wait, cx),
+        }
+    }
+    fn cancel_enforce(&self, ctx: &Context, wait: &mut AsyncWait) {
+        match self {
+            Object::Drl(o) => o.cancel_wait(wait),
+            Object::Qos(o) => o.cancel_wait(ctx, wait),
+            Object::Custom(o) => o.cancel_enforce(ctx, wait),
+            Object::Noop(_) | Object::Batch(_) => {}
         }
     }
     fn spec(&self) -> Option<ObjectSpec> {

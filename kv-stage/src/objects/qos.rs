@@ -269,6 +269,18 @@ impl Qos {
     fn buckets(&self) -> [&Bucket; 4] {
         [&self.rbps, &self.wbps, &self.riops, &self.wiops]
     }
+
+    /// The bandwidth and ops buckets a request is charged to, `None` for
+    /// requests that are neither reads nor writes.
+    pub(super) fn buckets_for(&self, ctx: &Context) -> Option<(&Bucket, &Bucket)> {
+        if ctx.request_type.is_read() {
+            Some((&self.rbps, &self.riops))
+        } else if ctx.request_type.is_write() {
+            Some((&self.wbps, &self.wiops))
+        } else {
+            None
+        }
+    }
 }
 
 impl EnforcementObject for Qos {
@@ -293,16 +305,23 @@ impl EnforcementObject for Qos {
     }
 
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
-        let (bw, ops) = if ctx.request_type.is_read() {
-            (&self.rbps, &self.riops)
-        } else if ctx.request_type.is_write() {
-            (&self.wbps, &self.wiops)
-        } else {
-            return Ok(Outcome::IMMEDIATE);
-        };
+        let Some((bw, ops)) = self.buckets_for(ctx) else { return Ok(Outcome::IMMEDIATE) };
         let a = bw.acquire(ctx.size, ctx.instance)?;
         let b = ops.acquire(ctx.size, ctx.instance)?;
-        Ok(Outcome { waited: a + b })
+        Ok(Outcome::waited(a + b))
+    }
+
+    fn poll_enforce(
+        &self,
+        ctx: &Context,
+        wait: &mut super::AsyncWait,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Outcome, Rejection>> {
+        self.poll_wait(ctx, wait, cx)
+    }
+
+    fn cancel_enforce(&self, ctx: &Context, wait: &mut super::AsyncWait) {
+        self.cancel_wait(ctx, wait);
     }
 
     /// Every key, `max` where there is no limit, as the kernel shows `io.max`.

@@ -1,0 +1,47 @@
+//! The tenant's request context, carried by the task across `.await`.
+//!
+//! A thread-local context ([`kv_stage::ContextScope`]) does not survive an
+//! `.await`: the task may resume on another worker thread, and other tasks
+//! run on this one meanwhile. Here the context is a tokio *task-local*: set
+//! for a future with [`scope`], read with [`current`], and put on the
+//! blocking thread that runs each RocksDB call, so RocksDB's own file I/O
+//! for the call (its WAL append, the reads of a get) is tagged with it too.
+
+use std::future::Future;
+
+use kv_stage::RequestContext;
+use tokio::task::futures::TaskLocalFuture;
+
+tokio::task_local! {
+    static CONTEXT: RequestContext;
+}
+
+/// Runs `f` with `context` as its request context, across every `.await`
+/// in it, whichever worker thread it resumes on. Spawn the result to give
+/// a whole task a tenant:
+///
+/// ```
+/// # let rt = tokio::runtime::Runtime::new().unwrap();
+/// # rt.block_on(async {
+/// use kv_stage::RequestContext;
+/// let tenant = RequestContext::register("tenant_a").unwrap();
+/// let seen = tokio::spawn(kv_async::scope(tenant, async {
+///     tokio::task::yield_now().await;
+///     kv_async::current()
+/// }))
+/// .await
+/// .unwrap();
+/// assert_eq!(seen, tenant);
+/// # });
+/// ```
+pub fn scope<F: Future>(context: RequestContext, f: F) -> TaskLocalFuture<RequestContext, F> {
+    CONTEXT.scope(context, f)
+}
+
+/// The request context of the calling task: the one [`scope`] set, or else
+/// the calling thread's ([`RequestContext::current`], foreground unless a
+/// [`ContextScope`](kv_stage::ContextScope) set another).
+#[inline]
+pub fn current() -> RequestContext {
+    CONTEXT.try_with(|c| *c).unwrap_or_else(|_| RequestContext::current())
+}
