@@ -281,23 +281,30 @@ impl State {
 
 /// Where an async request stands in a bucket: kept by its future between
 /// polls, handed back to [`Bucket::cancel`] if the future is dropped.
+///
+/// Kept small (it lives in every `Enforce` future): the request's cost is
+/// not stored, as it follows from its size and the bucket's unit, which
+/// cannot change within an epoch.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BucketWait {
-    /// Waiting (a place is held) since `start`.
-    active: bool,
     ticket: f64,
-    cost: f64,
-    epoch: u64,
     start: u64,
     /// Position in the bucket's line.
     pos: u64,
     /// The deadline the timer was last asked to wake it at.
     timer_at: u64,
+    /// The bucket's epoch, truncated (a unit change every nanosecond would
+    /// take 4 s to wrap it; they come from rules).
+    epoch: u32,
+    /// Waiting (a place is held) since `start`.
+    active: bool,
+    /// Free for the object: which of its buckets the request is at.
+    pub(crate) step: u8,
 }
 
 impl Default for BucketWait {
     fn default() -> Self {
-        BucketWait { active: false, ticket: 0.0, cost: 0.0, epoch: 0, start: 0, pos: 0, timer_at: u64::MAX }
+        BucketWait { ticket: 0.0, start: 0, pos: 0, timer_at: u64::MAX, epoch: 0, active: false, step: 0 }
     }
 }
 
@@ -448,7 +455,15 @@ impl Bucket {
             st.waiters += 1;
             st.stats.waiting = st.waiters;
             let pos = st.join_line(cx.waker());
-            *w = BucketWait { active: true, ticket, cost, epoch: st.epoch, start: now, pos, timer_at: u64::MAX };
+            *w = BucketWait {
+                ticket,
+                start: now,
+                pos,
+                timer_at: u64::MAX,
+                epoch: st.epoch as u32,
+                active: true,
+                step: w.step,
+            };
         } else {
             st = self.lock();
             if let Some(Some(parked)) = st.line_slot(w.pos)
@@ -464,20 +479,20 @@ impl Bucket {
             if st.retired {
                 break Ok(());
             }
-            if st.epoch != w.epoch {
+            let cost = st.cost(size);
+            if st.epoch as u32 != w.epoch {
                 // The unit changed: take a place in the new accounting.
-                w.epoch = st.epoch;
-                w.cost = st.cost(size);
-                if st.core.is_unlimited() || w.cost == 0.0 {
+                w.epoch = st.epoch as u32;
+                if st.core.is_unlimited() || cost == 0.0 {
                     break Ok(());
                 }
-                w.ticket = st.core.reserve(now_ns(), w.cost);
-                st.stats.admitted_tokens += w.cost;
+                w.ticket = st.core.reserve(now_ns(), cost);
+                st.stats.admitted_tokens += cost;
                 w.timer_at = u64::MAX;
                 continue;
             }
             if st.is_closed(instance) {
-                st.core.cancel(w.ticket, w.cost);
+                st.core.cancel(w.ticket, cost);
                 self.cv.notify_all();
                 break Ok(());
             }
@@ -508,15 +523,16 @@ impl Bucket {
     /// Gives back the place of an async request whose future was dropped
     /// while waiting: the requests behind it move up, and its tokens are
     /// not counted as admitted.
-    pub(crate) fn cancel(&self, w: &mut BucketWait) {
+    pub(crate) fn cancel(&self, size: u64, w: &mut BucketWait) {
         if !w.active {
             return;
         }
         w.active = false;
         let mut st = self.lock();
-        if st.epoch == w.epoch && !st.retired && !st.shutdown {
-            st.core.cancel(w.ticket, w.cost);
-            st.stats.admitted_tokens -= w.cost;
+        if st.epoch as u32 == w.epoch && !st.retired && !st.shutdown {
+            let cost = st.cost(size);
+            st.core.cancel(w.ticket, cost);
+            st.stats.admitted_tokens -= cost;
         }
         st.waiters -= 1;
         st.stats.waiting = st.waiters;

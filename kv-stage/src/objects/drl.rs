@@ -210,8 +210,8 @@ impl EnforcementObject for Drl {
         self.poll_wait(ctx, wait, cx)
     }
 
-    fn cancel_enforce(&self, _ctx: &Context, wait: &mut super::AsyncWait) {
-        self.cancel_wait(wait);
+    fn cancel_enforce(&self, ctx: &Context, wait: &mut super::AsyncWait) {
+        self.cancel_wait(ctx, wait);
     }
 }
 

@@ -76,9 +76,9 @@ impl Outcome {
 /// elsewhere and may use [`AsyncWait::user`] as a key to it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AsyncWait {
-    step: u8,
     bucket: BucketWait,
-    waited: Duration,
+    /// Time waited in the steps before the current one, in nanoseconds.
+    waited_ns: u64,
     /// Free for an application object's own use (0 at the first poll).
     pub user: u64,
 }
@@ -494,8 +494,8 @@ impl Drl {
         self.bucket().poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx).map(|r| r.map(Outcome::waited))
     }
 
-    pub(crate) fn cancel_wait(&self, w: &mut AsyncWait) {
-        self.bucket().cancel(&mut w.bucket);
+    pub(crate) fn cancel_wait(&self, ctx: &Context, w: &mut AsyncWait) {
+        self.bucket().cancel(ctx.size, &mut w.bucket);
     }
 }
 
@@ -509,25 +509,26 @@ impl Qos {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Result<Outcome, Rejection>> {
         let Some((bw, ops)) = self.buckets_for(ctx) else { return Poll::Ready(Ok(Outcome::IMMEDIATE)) };
-        if w.step == 0 {
+        if w.bucket.step == 0 {
             match bw.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Ready(Ok(d)) => {
-                    w.waited = d;
-                    w.step = 1;
+                    w.waited_ns = d.as_nanos() as u64;
+                    w.bucket.step = 1;
                 }
             }
         }
         match ops.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(r) => Poll::Ready(r.map(|d| Outcome::waited(w.waited + d))),
+            Poll::Ready(r) => Poll::Ready(r.map(|d| Outcome::waited(Duration::from_nanos(w.waited_ns) + d))),
         }
     }
 
     pub(crate) fn cancel_wait(&self, ctx: &Context, w: &mut AsyncWait) {
         if let Some((bw, ops)) = self.buckets_for(ctx) {
-            if w.step == 0 { bw.cancel(&mut w.bucket) } else { ops.cancel(&mut w.bucket) }
+            let bucket = if w.bucket.step == 0 { bw } else { ops };
+            bucket.cancel(ctx.size, &mut w.bucket);
         }
     }
 }
@@ -606,7 +607,7 @@ impl EnforcementObject for Object {
     }
     fn cancel_enforce(&self, ctx: &Context, wait: &mut AsyncWait) {
         match self {
-            Object::Drl(o) => o.cancel_wait(wait),
+            Object::Drl(o) => o.cancel_wait(ctx, wait),
             Object::Qos(o) => o.cancel_wait(ctx, wait),
             Object::Custom(o) => o.cancel_enforce(ctx, wait),
             Object::Noop(_) | Object::Batch(_) => {}

@@ -270,9 +270,9 @@ impl Stage {
     /// });
     /// assert_eq!(stage.collect().channel("default").unwrap().ops, 3);
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn enforce_async(&self, ctx: Context) -> Enforce<'_> {
-        Enforce { stage: self, ctx, waiting: None, done: false }
+        Enforce { stage: self, ctx, phase: Phase::Start }
     }
 
     /// The first poll of [`Enforce`]: the path of `enforce`, with the
@@ -282,7 +282,7 @@ impl Stage {
     fn poll_enforce_first(
         &self,
         ctx: &Context,
-        waiting: &mut Option<Waiting>,
+        phase: &mut Phase,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Result<Outcome, EnforceError>> {
         if self.shut_down.load(Ordering::Relaxed) {
@@ -330,13 +330,14 @@ impl Stage {
             match o.object.poll_enforce(ctx, &mut wait, cx) {
                 Poll::Ready(r) => Poll::Ready(self.finish_async(ctx, route, &o.label, r)),
                 Poll::Pending => {
-                    *waiting = Some(Waiting { layout: Arc::clone(layout), route, wait });
+                    *phase = Phase::Waiting(Waiting { layout: Arc::clone(layout), route, wait });
                     Poll::Pending
                 }
             }
         })
     }
 
+    #[inline(always)]
     fn finish_async(
         &self,
         ctx: &Context,
@@ -722,13 +723,21 @@ fn hostname() -> String {
 
 /// The future of [`Stage::enforce_async`]: resolves to what
 /// [`Stage::enforce`] returns. Dropping it while it waits gives the
-/// request's place back (nothing is charged for it).
+/// request's place back (nothing is charged for it). Polling it again after
+/// it completed panics.
 #[must_use = "a request is enforced only when its future is awaited"]
 pub struct Enforce<'a> {
     stage: &'a Stage,
     ctx: Context,
-    waiting: Option<Waiting>,
-    done: bool,
+    phase: Phase,
+}
+
+/// Where an [`Enforce`] is. Kept small: the future is moved into every
+/// `async` block that awaits it.
+enum Phase {
+    Start,
+    Waiting(Waiting),
+    Done,
 }
 
 /// A request waiting in an object: the layout it was routed on (kept alive
@@ -741,7 +750,12 @@ struct Waiting {
 
 impl std::fmt::Debug for Enforce<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Enforce").field("ctx", &self.ctx).field("waiting", &self.waiting.is_some()).finish()
+        let phase = match self.phase {
+            Phase::Start => "start",
+            Phase::Waiting(_) => "waiting",
+            Phase::Done => "done",
+        };
+        f.debug_struct("Enforce").field("ctx", &self.ctx).field("phase", &phase).finish()
     }
 }
 
@@ -755,25 +769,22 @@ impl Enforce<'_> {
 impl std::future::Future for Enforce<'_> {
     type Output = Result<Outcome, EnforceError>;
 
+    #[inline]
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        assert!(!this.done, "Enforce polled after it completed");
-        let r = match &mut this.waiting {
-            None => this.stage.poll_enforce_first(&this.ctx, &mut this.waiting, cx),
-            Some(w) => {
+        let r = match &mut this.phase {
+            Phase::Start => this.stage.poll_enforce_first(&this.ctx, &mut this.phase, cx),
+            Phase::Waiting(w) => {
                 let o = &w.layout.channels[w.route.channel as usize].objects[w.route.object as usize];
                 match o.object.poll_enforce(&this.ctx, &mut w.wait, cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(r) => {
-                        let r = this.stage.finish_async(&this.ctx, w.route, &o.label, r);
-                        this.waiting = None;
-                        Poll::Ready(r)
-                    }
+                    Poll::Ready(r) => Poll::Ready(this.stage.finish_async(&this.ctx, w.route, &o.label, r)),
                 }
             }
+            Phase::Done => panic!("Enforce polled after it completed"),
         };
         if r.is_ready() {
-            this.done = true;
+            this.phase = Phase::Done;
         }
         r
     }
@@ -781,7 +792,7 @@ impl std::future::Future for Enforce<'_> {
 
 impl Drop for Enforce<'_> {
     fn drop(&mut self) {
-        if let Some(mut w) = self.waiting.take()
+        if let Phase::Waiting(w) = &mut self.phase
             && w.wait.is_waiting()
         {
             let o = &w.layout.channels[w.route.channel as usize].objects[w.route.object as usize];
