@@ -40,6 +40,9 @@ struct Args {
     /// Concurrent tasks of the puts part.
     #[arg(long, default_value_t = 256)]
     tasks: usize,
+    /// The AsyncDb's blocking threads in the puts part.
+    #[arg(long, default_value_t = kv_async::DEFAULT_BLOCKING_THREADS)]
+    blocking_threads: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -102,7 +105,7 @@ fn puts_run(batch: bool, args: &Args) -> PutsRun {
     let tenant = RequestContext::register("bench_writer").expect("a context");
     let spec = if batch { "{ kind = \"batch\" }" } else { "{ kind = \"noop\" }" };
     apply(db.stage(), &format!("version = 1\n{}", channel("bench_writer", "\"put\"", spec)));
-    let adb = AsyncDb::new(Arc::clone(&db));
+    let adb = AsyncDb::builder(Arc::clone(&db)).blocking_threads(args.blocking_threads).build();
     let rt = runtime(2);
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
@@ -150,8 +153,8 @@ fn puts_run(batch: bool, args: &Args) -> PutsRun {
 
 fn puts(args: &Args) {
     println!(
-        "\n## Durable 100-byte puts, {} tasks, 2 workers, 8 blocking threads ({} s runs)\n",
-        args.tasks, args.seconds
+        "\n## Durable 100-byte puts, {} tasks, 2 workers, {} blocking threads ({} s runs)\n",
+        args.tasks, args.blocking_threads, args.seconds
     );
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for r in 0..args.runs {
