@@ -3,8 +3,10 @@
 //! Every request a layer makes (a file read, a WAL append, a key-value put)
 //! is described by a [`Context`] and handed to a [`Stage`]. The stage picks a
 //! *channel* and, inside it, an *enforcement object* (a [`Noop`], a [`Drl`]
-//! rate limiter, [`Qos`] limits, or your own), lets the object admit the
-//! request, and counts it. A control plane reads [`Stage::collect`] and
+//! rate limiter, [`Qos`] limits, [`Batch`] thresholds, or your own), lets the
+//! object admit the request, and counts it. Callers on an async runtime use
+//! [`Stage::enforce_async`], whose wait is a cancel-safe future in the same
+//! FIFO line. A control plane reads [`Stage::collect`] and
 //! [`Stage::stage_info`], and changes the stage live with [`Rule`]s.
 //!
 //! This crate knows nothing about RocksDB; `rocks-env` wires RocksDB's file
