@@ -79,7 +79,9 @@ pub struct AsyncWait {
     bucket: BucketWait,
     /// Time waited in the steps before the current one, in nanoseconds.
     waited_ns: u64,
-    /// Free for an application object's own use (0 at the first poll).
+    /// Free for an application object's own use: 0 at the first poll; while
+    /// it is not 0 the request counts as waiting, and a future dropped then
+    /// calls [`EnforcementObject::cancel_enforce`].
     pub user: u64,
 }
 
