@@ -250,6 +250,25 @@ fn batched_durable_puts_reach_the_wal_in_arrival_order_in_few_batches() {
     for i in 0..256u32 {
         assert_eq!(staged.get(format!("c{i}")).unwrap(), Some(vec![1u8; 100]));
     }
+
+    // A live change: not adaptive, a 30 ms timeout; a lone put now waits
+    // for company until its timeout sends it.
+    let change = r#"
+version = 1
+[[rules]]
+op = "configure"
+channel = "batched_tenant"
+object = "o"
+set = { adaptive = false, timeout = "30ms" }
+"#;
+    apply(&staged, change);
+    let before = db.batch_stats();
+    let t0 = Instant::now();
+    rt.block_on(kv_async::scope(t, db.put(b"lone".to_vec(), b"x".to_vec()))).unwrap();
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(30), "the lone put went after {took:?}");
+    let after = db.batch_stats();
+    assert_eq!((after.batches - before.batches, after.by_timeout - before.by_timeout), (1, 1));
 }
 
 #[test]
