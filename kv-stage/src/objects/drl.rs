@@ -147,10 +147,6 @@ impl Drl {
     pub fn burst(&self) -> f64 {
         self.bucket.config().2
     }
-
-    pub(super) fn bucket(&self) -> &Bucket {
-        &self.bucket
-    }
 }
 
 impl EnforcementObject for Drl {
@@ -201,17 +197,18 @@ impl EnforcementObject for Drl {
         self.bucket.open_instance(instance);
     }
 
+    #[inline]
     fn poll_enforce(
         &self,
         ctx: &Context,
         wait: &mut super::AsyncWait,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<Outcome, Rejection>> {
-        self.poll_wait(ctx, wait, cx)
+        self.bucket.poll_acquire(ctx.size, ctx.instance, &mut wait.bucket, cx).map(|r| r.map(Outcome::waited))
     }
 
     fn cancel_enforce(&self, ctx: &Context, wait: &mut super::AsyncWait) {
-        self.cancel_wait(ctx, wait);
+        self.bucket.cancel(ctx.size, &mut wait.bucket);
     }
 }
 

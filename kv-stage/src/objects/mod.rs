@@ -486,55 +486,6 @@ impl EnforcementObject for Noop {
     }
 }
 
-impl Drl {
-    pub(crate) fn poll_wait(
-        &self,
-        ctx: &Context,
-        w: &mut AsyncWait,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Result<Outcome, Rejection>> {
-        self.bucket().poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx).map(|r| r.map(Outcome::waited))
-    }
-
-    pub(crate) fn cancel_wait(&self, ctx: &Context, w: &mut AsyncWait) {
-        self.bucket().cancel(ctx.size, &mut w.bucket);
-    }
-}
-
-impl Qos {
-    /// Bandwidth bucket first (step 0), then the ops bucket (step 1), as
-    /// the blocking path does.
-    pub(crate) fn poll_wait(
-        &self,
-        ctx: &Context,
-        w: &mut AsyncWait,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Result<Outcome, Rejection>> {
-        let Some((bw, ops)) = self.buckets_for(ctx) else { return Poll::Ready(Ok(Outcome::IMMEDIATE)) };
-        if w.bucket.step == 0 {
-            match bw.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(d)) => {
-                    w.waited_ns = d.as_nanos() as u64;
-                    w.bucket.step = 1;
-                }
-            }
-        }
-        match ops.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(r) => Poll::Ready(r.map(|d| Outcome::waited(Duration::from_nanos(w.waited_ns) + d))),
-        }
-    }
-
-    pub(crate) fn cancel_wait(&self, ctx: &Context, w: &mut AsyncWait) {
-        if let Some((bw, ops)) = self.buckets_for(ctx) {
-            let bucket = if w.bucket.step == 0 { bw } else { ops };
-            bucket.cancel(ctx.size, &mut w.bucket);
-        }
-    }
-}
-
 /// An enforcement object: the built-in kinds dispatched without a virtual
 /// call, or an application's own behind the trait.
 #[allow(
@@ -601,16 +552,16 @@ impl EnforcementObject for Object {
     ) -> Poll<Result<Outcome, Rejection>> {
         match self {
             Object::Noop(_) => Poll::Ready(Ok(Outcome::IMMEDIATE)),
-            Object::Drl(o) => o.poll_wait(ctx, wait, cx),
-            Object::Qos(o) => o.poll_wait(ctx, wait, cx),
+            Object::Drl(o) => o.poll_enforce(ctx, wait, cx),
+            Object::Qos(o) => o.poll_enforce(ctx, wait, cx),
             Object::Batch(o) => Poll::Ready(o.enforce(ctx)),
             Object::Custom(o) => o.poll_enforce(ctx, wait, cx),
         }
     }
     fn cancel_enforce(&self, ctx: &Context, wait: &mut AsyncWait) {
         match self {
-            Object::Drl(o) => o.cancel_wait(ctx, wait),
-            Object::Qos(o) => o.cancel_wait(ctx, wait),
+            Object::Drl(o) => o.cancel_enforce(ctx, wait),
+            Object::Qos(o) => o.cancel_enforce(ctx, wait),
             Object::Custom(o) => o.cancel_enforce(ctx, wait),
             Object::Noop(_) | Object::Batch(_) => {}
         }

@@ -272,7 +272,7 @@ impl Qos {
 
     /// The bandwidth and ops buckets a request is charged to, `None` for
     /// requests that are neither reads nor writes.
-    pub(super) fn buckets_for(&self, ctx: &Context) -> Option<(&Bucket, &Bucket)> {
+    fn buckets_for(&self, ctx: &Context) -> Option<(&Bucket, &Bucket)> {
         if ctx.request_type.is_read() {
             Some((&self.rbps, &self.riops))
         } else if ctx.request_type.is_write() {
@@ -311,17 +311,35 @@ impl EnforcementObject for Qos {
         Ok(Outcome::waited(a + b))
     }
 
+    /// Bandwidth bucket first (step 0), then the ops bucket (step 1), as
+    /// the blocking path does.
     fn poll_enforce(
         &self,
         ctx: &Context,
-        wait: &mut super::AsyncWait,
+        w: &mut super::AsyncWait,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<Outcome, Rejection>> {
-        self.poll_wait(ctx, wait, cx)
+        use std::task::Poll;
+        let Some((bw, ops)) = self.buckets_for(ctx) else { return Poll::Ready(Ok(Outcome::IMMEDIATE)) };
+        if w.bucket.step == 0 {
+            match bw.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(d)) => {
+                    w.waited_ns = d.as_nanos() as u64;
+                    w.bucket.step = 1;
+                }
+            }
+        }
+        ops.poll_acquire(ctx.size, ctx.instance, &mut w.bucket, cx)
+            .map(|r| r.map(|d| Outcome::waited(Duration::from_nanos(w.waited_ns) + d)))
     }
 
-    fn cancel_enforce(&self, ctx: &Context, wait: &mut super::AsyncWait) {
-        self.cancel_wait(ctx, wait);
+    fn cancel_enforce(&self, ctx: &Context, w: &mut super::AsyncWait) {
+        if let Some((bw, ops)) = self.buckets_for(ctx) {
+            let bucket = if w.bucket.step == 0 { bw } else { ops };
+            bucket.cancel(ctx.size, &mut w.bucket);
+        }
     }
 
     /// Every key, `max` where there is no limit, as the kernel shows `io.max`.

@@ -168,16 +168,7 @@ impl Stage {
         }
         let generation = self.layout_generation.load(Ordering::Acquire);
         let key = route_key(ctx);
-        let remembered = LAYOUT_CACHE
-            .try_with(|c| {
-                (c.stage_uid.get() == self.uid
-                    && c.generation.get() == generation
-                    && c.memo_key.get() == key
-                    && c.memo_workflow.get() == ctx.workflow.0)
-                    .then(|| c.memo.get())
-            })
-            .ok()
-            .flatten();
+        let remembered = self.remembered(ctx, generation, key);
         match remembered {
             // A Noop or a pass-through: nothing to call, only to count.
             Some(route) if !route.call => {
@@ -186,6 +177,36 @@ impl Stage {
             }
             _ => self.enforce_with_layout(ctx, generation, key, remembered),
         }
+    }
+
+    /// The route this thread remembered for requests with `ctx`'s
+    /// classifiers under this stage and layout generation.
+    #[inline(always)]
+    fn remembered(&self, ctx: &Context, generation: u64, key: u64) -> Option<Route> {
+        LAYOUT_CACHE
+            .try_with(|c| {
+                (c.stage_uid.get() == self.uid
+                    && c.generation.get() == generation
+                    && c.memo_key.get() == key
+                    && c.memo_workflow.get() == ctx.workflow.0)
+                    .then(|| c.memo.get())
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Looks `ctx`'s route up in `layout` and remembers it for the thread.
+    #[inline(always)]
+    fn route_and_remember(&self, layout: &Layout, ctx: &Context, generation: u64, key: u64) -> Route {
+        let r = layout.route(ctx);
+        let _ = LAYOUT_CACHE.try_with(|c| {
+            if c.stage_uid.get() == self.uid && c.generation.get() == generation {
+                c.memo_key.set(key);
+                c.memo_workflow.set(ctx.workflow.0);
+                c.memo.set(r);
+            }
+        });
+        r
     }
 
     /// The path through the layout: the route is looked up (unless it was
@@ -199,20 +220,7 @@ impl Stage {
         remembered: Option<Route>,
     ) -> Result<Outcome, EnforceError> {
         self.with_layout(generation, |layout| {
-            let route = match remembered {
-                Some(r) => r,
-                None => {
-                    let r = layout.route(ctx);
-                    let _ = LAYOUT_CACHE.try_with(|c| {
-                        if c.stage_uid.get() == self.uid && c.generation.get() == generation {
-                            c.memo_key.set(key);
-                            c.memo_workflow.set(ctx.workflow.0);
-                            c.memo.set(r);
-                        }
-                    });
-                    r
-                }
-            };
+            let route = remembered.unwrap_or_else(|| self.route_and_remember(layout, ctx, generation, key));
             if route.object == NO_OBJECT {
                 self.counters.record(route.channel_slot, None, ctx);
                 return Ok(Outcome::IMMEDIATE);
@@ -290,16 +298,7 @@ impl Stage {
         }
         let generation = self.layout_generation.load(Ordering::Acquire);
         let key = route_key(ctx);
-        let remembered = LAYOUT_CACHE
-            .try_with(|c| {
-                (c.stage_uid.get() == self.uid
-                    && c.generation.get() == generation
-                    && c.memo_key.get() == key
-                    && c.memo_workflow.get() == ctx.workflow.0)
-                    .then(|| c.memo.get())
-            })
-            .ok()
-            .flatten();
+        let remembered = self.remembered(ctx, generation, key);
         if let Some(route) = remembered
             && !route.call
         {
@@ -307,20 +306,7 @@ impl Stage {
             return Poll::Ready(Ok(Outcome::IMMEDIATE));
         }
         self.with_layout(generation, |layout| {
-            let route = match remembered {
-                Some(r) => r,
-                None => {
-                    let r = layout.route(ctx);
-                    let _ = LAYOUT_CACHE.try_with(|c| {
-                        if c.stage_uid.get() == self.uid && c.generation.get() == generation {
-                            c.memo_key.set(key);
-                            c.memo_workflow.set(ctx.workflow.0);
-                            c.memo.set(r);
-                        }
-                    });
-                    r
-                }
-            };
+            let route = remembered.unwrap_or_else(|| self.route_and_remember(layout, ctx, generation, key));
             if route.object == NO_OBJECT {
                 self.counters.record(route.channel_slot, None, ctx);
                 return Poll::Ready(Ok(Outcome::IMMEDIATE));
