@@ -113,7 +113,7 @@ struct State<Op> {
 
 /// The batching queue of one batch object and request context.
 pub(crate) struct Queue<W: Writer> {
-    pub(crate) object: u64,
+    pub(crate) object: u32,
     pub(crate) context: RequestContext,
     writer: Arc<W>,
     pool: Arc<Semaphore>,
@@ -180,7 +180,7 @@ impl<W: Writer> Queue<W> {
                 Some(t) if !st.in_flight => (Some(self.take(&mut st, t)), None),
                 // In flight: the completion sends it.
                 Some(_) => (None, None),
-                None => (None, first.then_some((st.seq, plan.timeout))),
+                None => (None, first.then_some((st.seq, plan.timeout()))),
             }
         };
         if let Some(batch) = dispatch {
@@ -237,7 +237,7 @@ impl<W: Writer> Queue<W> {
                 Trigger::Requests
             } else if st.bytes >= plan.bytes {
                 Trigger::Bytes
-            } else if st.overdue || st.first_at.elapsed() >= plan.timeout {
+            } else if st.overdue || st.first_at.elapsed() >= plan.timeout() {
                 Trigger::Timeout
             } else {
                 return;
@@ -336,7 +336,7 @@ mod tests {
     }
 
     fn plan(requests: u32, timeout: Duration, adaptive: bool) -> BatchPlan {
-        BatchPlan { object: 1, requests, bytes: 1 << 20, timeout, adaptive }
+        BatchPlan { object: 1, requests, bytes: 1 << 20, timeout_ns: timeout.as_nanos() as u32, adaptive }
     }
 
     fn queue(log: &Arc<Log>, p: BatchPlan) -> (Arc<Queue<Log>>, Arc<Counters>) {

@@ -296,7 +296,10 @@ spec = { kind = "batch", requests = 32, timeout = "100us" }
     let rt = runtime(1);
     let plan = rt.block_on(stage.enforce_async(put(100))).unwrap().batch.unwrap();
     assert_eq!(plan, blocking);
-    assert_eq!((plan.requests, plan.bytes, plan.timeout, plan.adaptive), (32, 65536, Duration::from_micros(100), true));
+    assert_eq!(
+        (plan.requests, plan.bytes, plan.timeout(), plan.adaptive),
+        (32, 65536, Duration::from_micros(100), true)
+    );
     assert!(stage.enforce(&Context::new(RequestType::Get, 1)).unwrap().batch.is_none());
     let change = r#"
 version = 1

@@ -149,19 +149,30 @@ impl BatchSettings {
 
 /// The thresholds a layer groups a request by, as the [`Batch`] object it
 /// reached had them when it was admitted.
+///
+/// Compact (it travels in every [`Outcome`]): the timeout is kept in
+/// nanoseconds in a `u32` (it is at most 1 s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchPlan {
     /// Identifies the batch object (unique in the process): requests with
     /// the same id are grouped together.
-    pub object: u64,
+    pub object: u32,
     /// Dispatch at this many requests.
     pub requests: u32,
     /// Dispatch at this many bytes.
     pub bytes: u64,
-    /// Dispatch this long after the first request of a batch.
-    pub timeout: Duration,
+    /// Dispatch this many nanoseconds after the first request of a batch
+    /// (see [`timeout`](Self::timeout)).
+    pub timeout_ns: u32,
     /// Dispatch at once when nothing is in flight or queued.
     pub adaptive: bool,
+}
+
+impl BatchPlan {
+    /// The timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(u64::from(self.timeout_ns))
+    }
 }
 
 /// The batching object (see the module documentation): admits at once and
@@ -172,15 +183,15 @@ pub struct BatchPlan {
 ///
 /// let b = Batch::new(BatchSpec::default()).unwrap();
 /// let plan = b.enforce(&Context::new(RequestType::Put, 100)).unwrap().batch.unwrap();
-/// assert_eq!((plan.requests, plan.bytes, plan.timeout.as_micros()), (16, 65536, 50));
+/// assert_eq!((plan.requests, plan.bytes, plan.timeout().as_micros()), (16, 65536, 50));
 /// b.configure(&ObjectConfig::new().with("requests", 64));
 /// assert_eq!(b.enforce(&Context::new(RequestType::Put, 100)).unwrap().batch.unwrap().requests, 64);
 /// ```
 pub struct Batch {
-    id: u64,
+    id: u32,
     requests: AtomicU32,
     bytes: AtomicU64,
-    timeout_ns: AtomicU64,
+    timeout_ns: AtomicU32,
     adaptive: AtomicBool,
     spec: Mutex<BatchSpec>,
 }
@@ -188,13 +199,13 @@ pub struct Batch {
 impl Batch {
     /// Builds a batch object from its spec.
     pub fn new(spec: BatchSpec) -> Result<Self, ConfigError> {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        static NEXT_ID: AtomicU32 = AtomicU32::new(1);
         spec.validate()?;
         let b = Batch {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             requests: AtomicU32::new(0),
             bytes: AtomicU64::new(0),
-            timeout_ns: AtomicU64::new(0),
+            timeout_ns: AtomicU32::new(0),
             adaptive: AtomicBool::new(false),
             spec: Mutex::new(spec.clone()),
         };
@@ -205,7 +216,8 @@ impl Batch {
     fn store(&self, s: &BatchSpec) {
         self.requests.store(s.requests, Ordering::Relaxed);
         self.bytes.store(s.bytes.get().min(u64::MAX as f64) as u64, Ordering::Relaxed);
-        self.timeout_ns.store(s.timeout.as_nanos() as u64, Ordering::Relaxed);
+        // At most 1 s (validated): fits.
+        self.timeout_ns.store(s.timeout.as_nanos().min(u128::from(u32::MAX)) as u32, Ordering::Relaxed);
         self.adaptive.store(s.adaptive, Ordering::Relaxed);
     }
 
@@ -216,7 +228,7 @@ impl Batch {
             object: self.id,
             requests: self.requests.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
-            timeout: Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed)),
+            timeout_ns: self.timeout_ns.load(Ordering::Relaxed),
             adaptive: self.adaptive.load(Ordering::Relaxed),
         }
     }
@@ -287,7 +299,7 @@ mod tests {
             ..Default::default()
         }));
         let p = b.plan();
-        assert_eq!((p.object, p.requests, p.bytes, p.timeout), (id, 16, 65536, Duration::from_micros(10)));
+        assert_eq!((p.object, p.requests, p.bytes, p.timeout()), (id, 16, 65536, Duration::from_micros(10)));
         assert_ne!(Batch::new(BatchSpec::default()).unwrap().plan().object, id);
     }
 }

@@ -423,7 +423,23 @@ impl Bucket {
     /// task's waker parked in the line and a timer set for its deadline.
     /// `w` carries the request's place between polls; a future that is
     /// dropped while `w` is waiting must hand it to [`cancel`](Self::cancel).
+    #[inline]
     pub(crate) fn poll_acquire(
+        &self,
+        size: u64,
+        instance: InstanceId,
+        w: &mut BucketWait,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<Duration, Rejection>> {
+        if !w.active && self.open.load(Ordering::Relaxed) {
+            return Poll::Ready(Ok(Duration::ZERO));
+        }
+        self.poll_acquire_locked(size, instance, w, cx)
+    }
+
+    /// [`poll_acquire`](Self::poll_acquire) past the unlimited fast path.
+    #[inline(never)]
+    fn poll_acquire_locked(
         &self,
         size: u64,
         instance: InstanceId,
@@ -432,9 +448,6 @@ impl Bucket {
     ) -> Poll<Result<Duration, Rejection>> {
         let mut st;
         if !w.active {
-            if self.open.load(Ordering::Relaxed) {
-                return Poll::Ready(Ok(Duration::ZERO));
-            }
             let now = now_ns();
             st = self.lock();
             if st.shutdown {

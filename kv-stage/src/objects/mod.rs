@@ -543,7 +543,7 @@ impl EnforcementObject for Object {
             Object::Custom(o) => o.enforce(ctx),
         }
     }
-    #[inline]
+    #[inline(always)]
     fn poll_enforce(
         &self,
         ctx: &Context,

@@ -755,7 +755,6 @@ impl Enforce<'_> {
 impl std::future::Future for Enforce<'_> {
     type Output = Result<Outcome, EnforceError>;
 
-    #[inline]
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let r = match &mut this.phase {
