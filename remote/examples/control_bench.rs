@@ -67,7 +67,7 @@ enum Mode {
         #[arg(long, default_value_t = 2)]
         threads: usize,
         /// Requests per thread per run.
-        #[arg(long, default_value_t = 2_000_000)]
+        #[arg(long, default_value_t = 20_000_000)]
         requests: u64,
         /// Alternating pairs of runs.
         #[arg(long, default_value_t = 5)]
