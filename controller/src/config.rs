@@ -34,6 +34,10 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
+    /// The default controller for RocksDB: unlimited while healthy, SILK's
+    /// shares while the device is contended, flushes and L0 compactions
+    /// promoted as a stall nears ([`crate::Adaptive`]).
+    Adaptive,
     /// SILK's scheduling for LSM key-value stores (Paio Algorithm 1).
     Silk,
     /// Max-min fair share over instances (Paio Algorithm 2), work-conserving.
@@ -139,6 +143,72 @@ impl Default for SilkConfig {
     }
 }
 
+/// The default controller's parameters ([`crate::Adaptive`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveConfig {
+    /// `D`: the bandwidth the store may use of its device in total (what
+    /// SILK calls `KVS_B`); background work gets `D - Fg` while the device
+    /// is contended.
+    #[serde(default = "AdaptiveConfig::default_device")]
+    pub device_bandwidth: Bandwidth,
+    /// `min_B`: the floor of a held-back background flow.
+    #[serde(default = "AdaptiveConfig::default_min")]
+    pub min_bandwidth: Bandwidth,
+    /// The device counts as busy when the store's traffic (every context)
+    /// is at least this share of `device_bandwidth` ...
+    #[serde(default = "AdaptiveConfig::default_busy_share")]
+    pub busy_share: f64,
+    /// ... while clients make at least this many foreground requests per
+    /// second.
+    #[serde(default = "AdaptiveConfig::default_busy_ops")]
+    pub busy_foreground_ops: f64,
+    /// Contention lasts this long after the last busy cycle.
+    #[serde(default = "AdaptiveConfig::default_hold", with = "kv_stage::units::duration_str")]
+    pub hold: Duration,
+    /// Store pressure at which flushes and L0 compactions are unlimited even
+    /// while the device is contended (1: RocksDB starts to slow writes).
+    #[serde(default = "AdaptiveConfig::default_promote_at")]
+    pub promote_at: f64,
+}
+
+impl AdaptiveConfig {
+    fn default_device() -> Bandwidth {
+        Bandwidth::new(200.0 * 1048576.0).expect("constant")
+    }
+    fn default_min() -> Bandwidth {
+        Bandwidth::new(10.0 * 1048576.0).expect("constant")
+    }
+    fn default_busy_share() -> f64 {
+        0.75
+    }
+    fn default_busy_ops() -> f64 {
+        2000.0
+    }
+    fn default_hold() -> Duration {
+        Duration::from_millis(500)
+    }
+    fn default_promote_at() -> f64 {
+        0.75
+    }
+}
+
+impl Default for AdaptiveConfig {
+    /// A 200 MiB/s budget with a 10 MiB/s floor (SILK's prototype values);
+    /// busy above 75% of it with 2,000 client requests/s; 500 ms hold;
+    /// promotion at pressure 0.75.
+    fn default() -> Self {
+        AdaptiveConfig {
+            device_bandwidth: Self::default_device(),
+            min_bandwidth: Self::default_min(),
+            busy_share: Self::default_busy_share(),
+            busy_foreground_ops: Self::default_busy_ops(),
+            hold: Self::default_hold(),
+            promote_at: Self::default_promote_at(),
+        }
+    }
+}
+
 /// One instance of a fair-share policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -179,6 +249,9 @@ pub struct ControllerConfig {
     /// SILK's parameters (used when `policy = "silk"`).
     #[serde(default)]
     pub silk: SilkConfig,
+    /// The default controller's parameters (used when `policy = "adaptive"`).
+    #[serde(default)]
+    pub adaptive: AdaptiveConfig,
     /// Fair-share parameters (required for the other policies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_share: Option<FairShareConfig>,
@@ -187,7 +260,32 @@ pub struct ControllerConfig {
 impl ControllerConfig {
     /// A SILK configuration with the given parameters.
     pub fn silk(silk: SilkConfig) -> Self {
-        ControllerConfig { policy: PolicyKind::Silk, interval: None, log: None, silk, fair_share: None }
+        ControllerConfig {
+            policy: PolicyKind::Silk,
+            interval: None,
+            log: None,
+            silk,
+            adaptive: AdaptiveConfig::default(),
+            fair_share: None,
+        }
+    }
+
+    /// The default controller with the given parameters.
+    pub fn adaptive(adaptive: AdaptiveConfig) -> Self {
+        ControllerConfig {
+            policy: PolicyKind::Adaptive,
+            interval: None,
+            log: None,
+            silk: SilkConfig::default(),
+            adaptive,
+            fair_share: None,
+        }
+    }
+
+    /// Whether the policy drives one store's background flows (SILK, the
+    /// default controller) rather than instances' shares of a device.
+    pub fn is_store_policy(&self) -> bool {
+        matches!(self.policy, PolicyKind::Silk | PolicyKind::Adaptive)
     }
 
     /// A fair-share configuration.
@@ -197,6 +295,7 @@ impl ControllerConfig {
             interval: None,
             log: None,
             silk: SilkConfig::default(),
+            adaptive: AdaptiveConfig::default(),
             fair_share: Some(fair_share),
         }
     }
@@ -214,7 +313,7 @@ impl ControllerConfig {
     /// The interval in effect.
     pub fn effective_interval(&self) -> Duration {
         self.interval.unwrap_or(match self.policy {
-            PolicyKind::Silk => Duration::from_millis(10),
+            PolicyKind::Silk | PolicyKind::Adaptive => Duration::from_millis(10),
             _ => Duration::from_secs(1),
         })
     }
@@ -225,6 +324,30 @@ impl ControllerConfig {
             return Err(Error::config("interval", "must be greater than zero"));
         }
         match self.policy {
+            PolicyKind::Adaptive => {
+                let a = &self.adaptive;
+                if a.min_bandwidth > a.device_bandwidth {
+                    return Err(Error::config(
+                        "adaptive.min_bandwidth",
+                        format!("{} is above adaptive.device_bandwidth {}", a.min_bandwidth, a.device_bandwidth),
+                    ));
+                }
+                if a.device_bandwidth.bytes_per_sec().is_infinite() {
+                    return Err(Error::config("adaptive.device_bandwidth", "must be a finite bandwidth"));
+                }
+                if !(a.busy_share.is_finite() && a.busy_share > 0.0) {
+                    return Err(Error::config("adaptive.busy_share", format!("must be above 0 (is {})", a.busy_share)));
+                }
+                if !(a.busy_foreground_ops.is_finite() && a.busy_foreground_ops >= 0.0) {
+                    return Err(Error::config(
+                        "adaptive.busy_foreground_ops",
+                        format!("must be 0 or more (is {})", a.busy_foreground_ops),
+                    ));
+                }
+                if !(a.promote_at.is_finite() && a.promote_at > 0.0) {
+                    return Err(Error::config("adaptive.promote_at", format!("must be above 0 (is {})", a.promote_at)));
+                }
+            }
             PolicyKind::Silk => {
                 if self.silk.min_bandwidth > self.silk.kvs_bandwidth {
                     return Err(Error::config(
@@ -343,6 +466,10 @@ mod tests {
         let silk = ControllerConfig::from_toml(include_str!("../examples/configs/silk.toml")).unwrap();
         assert_eq!(silk.policy, PolicyKind::Silk);
         assert_eq!(silk.silk, SilkConfig::default());
+        let adaptive = ControllerConfig::from_toml(include_str!("../examples/configs/adaptive.toml")).unwrap();
+        assert_eq!(adaptive.policy, PolicyKind::Adaptive);
+        assert_eq!(adaptive.adaptive, AdaptiveConfig::default());
+        assert_eq!(adaptive.effective_interval(), Duration::from_millis(10));
         let fair = ControllerConfig::from_toml(include_str!("../examples/configs/fair_share.toml")).unwrap();
         assert_eq!(fair.policy, PolicyKind::MaxMin);
         assert_eq!(fair.effective_interval(), Duration::from_secs(1));
@@ -360,6 +487,15 @@ mod tests {
                 "silk.min_bandwidth",
             ),
             ("policy = \"silk\"\ninterval = \"0ms\"\n", "interval"),
+            (
+                "policy = \"adaptive\"\n[adaptive]\ndevice_bandwidth = \"10MiB/s\"\nmin_bandwidth = \"20MiB/s\"\n",
+                "adaptive.min_bandwidth",
+            ),
+            ("policy = \"adaptive\"\n[adaptive]\ndevice_bandwidth = \"unlimited\"\n", "adaptive.device_bandwidth"),
+            ("policy = \"adaptive\"\n[adaptive]\nbusy_share = -1.0\n", "adaptive.busy_share"),
+            ("policy = \"adaptive\"\n[adaptive]\nbusy_foreground_ops = -3.0\n", "adaptive.busy_foreground_ops"),
+            ("policy = \"adaptive\"\n[adaptive]\npromote_at = 0.0\n", "adaptive.promote_at"),
+            ("policy = \"adaptive\"\n[adaptive]\nhold = \"soon\"\n", "adaptive.hold"),
             ("policy = \"max_min\"\n", "fair_share"),
             ("policy = \"max_min\"\n[fair_share]\ndevice_bandwidth = \"unlimited\"\n", "fair_share.device_bandwidth"),
             (

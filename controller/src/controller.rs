@@ -15,8 +15,8 @@ use serde::Serialize;
 use crate::config::{ControllerConfig, InstanceConfig, PolicyKind};
 use crate::error::{Error, Result};
 use crate::policy::{
-    Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError,
-    Pressure, Silk,
+    Adaptive, Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy,
+    PolicyError, Pressure, Silk,
 };
 use crate::signals::{ProcIoRates, ProcIoSampler};
 
@@ -247,6 +247,7 @@ struct Shared {
 fn policy_for(config: &ControllerConfig) -> Box<dyn Policy> {
     match config.policy {
         PolicyKind::Silk => Box::new(Silk::new(&config.silk)),
+        PolicyKind::Adaptive => Box::new(Adaptive::new(&config.adaptive)),
         kind => {
             let fs = config.fair_share.as_ref().expect("validated");
             let mode = match kind {
@@ -339,7 +340,7 @@ impl ControllerBuilder {
         }
         if self.policy.is_none()
             && let Some(fs) = &self.config.fair_share
-            && self.config.policy != PolicyKind::Silk
+            && !self.config.is_store_policy()
         {
             for (i, inst) in fs.instances.iter().enumerate() {
                 if !self.late_instances && !self.instances.iter().any(|(n, _)| n == &inst.name) {

@@ -63,14 +63,16 @@ mod error;
 mod policy;
 mod signals;
 
-pub use config::{ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig};
+pub use config::{
+    AdaptiveConfig, ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig,
+};
 pub use controller::{
     AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DecisionRecord, HandleError, InstanceInputs,
     ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{
-    Decision, FairShare, FairShareMode, FlowInput, InstanceKey, InstanceView, ObjectRef, Observation, Policy,
-    PolicyError, Pressure, Setting, Silk, SilkBranch, SilkInputs, water_fill,
+    Adaptive, AdaptiveInputs, AdaptiveMode, Decision, FairShare, FairShareMode, FlowInput, InstanceKey, InstanceView,
+    ObjectRef, Observation, Policy, PolicyError, Pressure, Setting, Silk, SilkBranch, SilkInputs, water_fill,
 };
 pub use signals::{ProcIo, ProcIoRates};

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use controller::{Controller, ControllerConfig, DecisionRecord, InstanceConfig, PolicyKind, StageHandle};
+use controller::{Controller, ControllerConfig, DecisionRecord, InstanceConfig, StageHandle};
 use kv_stage::Rate;
 use serde::Deserialize;
 
@@ -144,7 +144,7 @@ impl FleetConfig {
         let mut seen: Vec<&str> = Vec::new();
         let known = |name: &str, key: &str| -> Result<()> {
             match &controller.fair_share {
-                Some(fs) if controller.policy != PolicyKind::Silk && !fs.instances.iter().any(|c| c.name == name) => {
+                Some(fs) if !controller.is_store_policy() && !fs.instances.iter().any(|c| c.name == name) => {
                     Err(err(format!(
                         "{key}: '{name}' is not a fair_share.instance (each stage needs its demand, channel and object)"
                     )))
@@ -316,7 +316,7 @@ impl Fleet {
             instances: config.controller.fair_share.as_ref().map(|fs| fs.instances.clone()),
             connector,
             controller: controller.handle(),
-            check_binding: config.controller.policy != PolicyKind::Silk,
+            check_binding: !config.controller.is_store_policy(),
             lease,
             min,
             max,

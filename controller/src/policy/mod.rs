@@ -1,5 +1,6 @@
 //! Policies: observed state in, enforcement decisions out.
 
+mod adaptive;
 mod fair;
 mod silk;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 use kv_stage::{Collection, InstanceId, JobCounters, Rates, RequestContext, StageInfo};
 use serde::Serialize;
 
+pub use adaptive::{Adaptive, AdaptiveInputs, AdaptiveMode};
 pub use fair::{FairShare, FairShareMode, FlowInput, water_fill};
 pub use silk::{Silk, SilkBranch, SilkInputs};
 
