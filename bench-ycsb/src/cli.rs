@@ -19,6 +19,7 @@ use crate::runner::{self, RunParams};
 use crate::systems::{self, DbOptions, DeviceSpec, SystemConfig, SystemKind};
 use crate::workload::Workload;
 use crate::{Error, Result};
+use crate::{attribution, debt};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kv_stage::units::{Bandwidth, parse_duration};
@@ -103,8 +104,10 @@ struct LoadArgs {
 /// What `run` and `figures` share.
 #[derive(Args, Clone)]
 struct SystemArgs {
-    /// Systems, comma-separated: rocksdb, rocksdb-autotuned, paio-silk, paio-static, paio-silk-pressure.
-    #[arg(long, default_value = "rocksdb,rocksdb-autotuned,paio-silk,paio-static")]
+    /// Systems, comma-separated: rocksdb, paio-passthrough (alias passthrough),
+    /// paio-adaptive (alias default: the default controller), rocksdb-autotuned,
+    /// paio-silk, paio-static, paio-silk-pressure.
+    #[arg(long, default_value = "rocksdb,paio-passthrough,paio-adaptive,rocksdb-autotuned,paio-silk,paio-static")]
     systems: String,
     /// Client threads.
     #[arg(long, default_value_t = 4)]
@@ -135,11 +138,27 @@ struct SystemArgs {
     /// Longest wait for RocksDB to settle before a warm start.
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     settle_timeout: Duration,
+    /// Warm start: where the loaded DB's compactions run: `base` (once, on
+    /// the loaded DB off the throttled device, so every system starts from
+    /// the same settled LSM) or `each` (on each system's copy, on its device,
+    /// under its controller).
+    #[arg(long, default_value = "base", value_parser = ["base", "each"])]
+    settle_on: String,
+    /// After each run, how long to keep the DB open (on the same device,
+    /// its controller running) for RocksDB to pay the debt the run left;
+    /// the time it took is reported (`0s`: do not wait).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    drain_timeout: Duration,
     /// CPU priority of RocksDB's background threads (flushes,
     /// compactions), for every system: `normal`, or `low` (nice 19, through
     /// RocksDB's own `LowerThreadPoolCPUPriority`).
     #[arg(long, default_value = "normal", value_parser = ["normal", "low"])]
     background_cpu: String,
+    /// The default controller's parameters (`paio-adaptive`): a controller
+    /// file (TOML) whose `[adaptive]` table replaces the defaults (which are
+    /// `device_bandwidth` = --kvs-bandwidth, `min_bandwidth` = --min-bandwidth).
+    #[arg(long)]
+    adaptive_config: Option<PathBuf>,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
     quiet: bool,
@@ -306,7 +325,9 @@ struct Bench<'a> {
     cfg: SystemConfig,
     repeats: usize,
     warm: bool,
+    settle_base: bool,
     settle_timeout: Duration,
+    drain_timeout: Duration,
     kernel: Option<&'a KernelDevice>,
     /// The loaded DB every run starts from.
     base: &'a Path,
@@ -349,15 +370,29 @@ fn check_system_args(sys: &SystemArgs) -> Result<Vec<SystemKind>> {
     Ok(kinds)
 }
 
-fn system_config(sys: &SystemArgs) -> SystemConfig {
-    SystemConfig {
+fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
+    let adaptive = match &sys.adaptive_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(Error::io(format!("reading {}", path.display())))?;
+            let c = controller::ControllerConfig::from_toml(&text)
+                .map_err(|e| Error::Usage(format!("--adaptive-config {}: {e}", path.display())))?;
+            c.adaptive
+        }
+        None => controller::AdaptiveConfig {
+            device_bandwidth: sys.kvs_bandwidth,
+            min_bandwidth: sys.min_bandwidth,
+            ..controller::AdaptiveConfig::default()
+        },
+    };
+    Ok(SystemConfig {
         device: sys.device,
         kvs: sys.kvs_bandwidth,
         min: sys.min_bandwidth,
         silk_interval_ms: 10,
         background_cpu: sys.background_cpu.clone(),
+        adaptive,
         db: DbOptions::for_device(&sys.device),
-    }
+    })
 }
 
 fn device_description(cfg: &SystemConfig, kernel: Option<&KernelDevice>) -> String {
@@ -374,6 +409,15 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
     std::fs::create_dir_all(b.out).map_err(Error::io(format!("creating {}", b.out.display())))?;
     let start_name = if b.warm { "warm" } else { "cold" };
     let base = rocksdb::DB::open(&b.cfg.db.rocksdb(), b.base)?;
+    if b.warm && b.settle_base {
+        // Every system starts from the same settled LSM: the loaded DB's
+        // compactions run once here (off the throttled device), and each
+        // copy then settles at once.
+        progress.line("settling the loaded DB once for the warm starts");
+        if runner::settle(&base, b.settle_timeout).is_none() {
+            eprintln!("warning: the loaded DB still had compaction work after {}s", b.settle_timeout.as_secs());
+        }
+    }
     let mut runs = Vec::new();
     for r in 1..=b.repeats {
         // Alternate the order between repeats.
@@ -445,7 +489,9 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
     // SILK with pressure reads RocksDB's pressure from a sampler thread
     // (every 10 ms, as often as the controller decides).
     let stop_sampler = std::sync::atomic::AtomicBool::new(false);
-    let measured = std::thread::scope(|scope| -> Result<_> {
+    let stop_attribution = std::sync::atomic::AtomicBool::new(false);
+    let clock = std::sync::OnceLock::new();
+    let rep = std::thread::scope(|scope| -> Result<SystemReport> {
         if sys.pressure.is_some() {
             let (sys, stop, db) = (&sys, &stop_sampler, &b.cfg.db);
             scope.spawn(move || {
@@ -455,34 +501,39 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
                 }
             });
         }
-        let measured = settle_and_run(b, &sys, cgroup.as_ref(), &label, progress);
-        stop_sampler.store(true, std::sync::atomic::Ordering::Relaxed);
-        measured
-    })?;
-    let Measured { settle_ms, charged0, seen0, stall0, levels0, result } = measured;
-    let charged = cgroup.as_ref().map(|c| c.charged()).transpose()?;
-    let seen = sys.seen_bytes();
-    let mut rep = SystemReport::new(kind.name(), r, &result, &b.params.profile);
-    rep.settle_ms = settle_ms;
-    rep.stall_us = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros).saturating_sub(stall0);
-    let stalls = sys.options.get_histogram_data(rocksdb::statistics::Histogram::WriteStall);
-    rep.longest_stall_us = stalls.max() as u64;
-    rep.stalled_writes = stalls.count();
-    rep.device_wait_us = sys.device.as_ref().map_or(0, |d| d.stats().wait_ns / 1000);
-    if let Some(stage) = &sys.stage {
-        rep.context_bytes =
-            stage.collect().contexts.iter().map(|c| (c.context.name().to_owned(), c.counter.bytes)).collect();
-    }
-    if let (Some(c1), Some(c0)) = (charged, charged0) {
-        let seen = systems::SeenBytes {
-            read_bytes: seen.read_bytes.saturating_sub(seen0.read_bytes),
-            write_bytes: seen.write_bytes.saturating_sub(seen0.write_bytes),
-            source: seen.source,
+        // The attribution's sampler: readings from the clock's start on.
+        let sampler = {
+            let (sys, stop, clock, cg) = (&sys, &stop_attribution, &clock, cgroup.as_ref());
+            scope.spawn(move || attribution::sample(sys.stage.as_deref(), sys.db.db(), cg, clock, stop))
         };
-        rep.byte_check = Some(ByteCheck::new(c1.since(&c0), seen));
-    }
-    rep.controller_cycles = sys.controller.as_ref().map_or(0, |c| c.cycles());
-    rep.compaction_levels = report::LevelReport::between(&levels0, &sys.compaction_levels());
+        let measured = settle_and_run(b, &sys, cgroup.as_ref(), &label, progress, &clock);
+        stop_attribution.store(true, std::sync::atomic::Ordering::Release);
+        let samples = sampler.join().map_err(|_| Error::Usage("the attribution sampler panicked".into()));
+        let rep = measured.and_then(|m| Ok(report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?)?));
+        // The end-of-run debt, and the time to pay it (on the same device,
+        // with the system's controller still running), after the run's
+        // counters were read.
+        let rep = rep.map(|mut rep| {
+            if !b.drain_timeout.is_zero() {
+                progress
+                    .line(&format!("{label}: draining the end-of-run debt (at most {}s)", b.drain_timeout.as_secs()));
+            }
+            rep.debt = Some(debt::measure(sys.db.db(), &b.cfg.db, b.drain_timeout));
+            rep
+        });
+        stop_sampler.store(true, std::sync::atomic::Ordering::Relaxed);
+        rep
+    });
+    let rep = match rep {
+        Ok(rep) => rep,
+        Err(e) => {
+            if let Some(cg) = &cgroup {
+                let _ = cg.leave();
+            }
+            sys.close();
+            return Err(e);
+        }
+    };
     // Close outside the throttle: what is left of the background work is
     // not measured.
     if let Some(cg) = &cgroup {
@@ -501,6 +552,45 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         rep.p99_us as f64 / 1e3,
         rep.stall_us as f64 / 1e6
     ));
+    Ok(rep)
+}
+
+/// The report of one run, from the counters as the run left them.
+fn report_of(
+    b: &Bench<'_>,
+    kind: SystemKind,
+    r: usize,
+    sys: &systems::RunningSystem,
+    cgroup: Option<&kernel::Cgroup>,
+    measured: Measured,
+    samples: &attribution::Samples,
+) -> Result<SystemReport> {
+    let Measured { settle_ms, charged0, seen0, stall0, levels0, result } = measured;
+    let charged = cgroup.map(|c| c.charged()).transpose()?;
+    let seen = sys.seen_bytes();
+    let mut rep = SystemReport::new(kind.name(), r, &result, &b.params.profile);
+    rep.settle_ms = settle_ms;
+    rep.stall_us = sys.options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros).saturating_sub(stall0);
+    let stalls = sys.options.get_histogram_data(rocksdb::statistics::Histogram::WriteStall);
+    rep.longest_stall_us = stalls.max() as u64;
+    rep.stalled_writes = stalls.count();
+    rep.device_wait_us = sys.device.as_ref().map_or(0, |d| d.stats().wait_ns / 1000);
+    if let Some(stage) = &sys.stage {
+        let now = stage.collect();
+        rep.context_bytes = now.contexts.iter().map(|c| (c.context.name().to_owned(), c.counter.bytes)).collect();
+        rep.run_context_bytes = samples.run_context_bytes();
+    }
+    rep.attribution = Some(samples.attribute(&result.requests, rep.p99_us));
+    if let (Some(c1), Some(c0)) = (charged, charged0) {
+        let seen = systems::SeenBytes {
+            read_bytes: seen.read_bytes.saturating_sub(seen0.read_bytes),
+            write_bytes: seen.write_bytes.saturating_sub(seen0.write_bytes),
+            source: seen.source,
+        };
+        rep.byte_check = Some(ByteCheck::new(c1.since(&c0), seen));
+    }
+    rep.controller_cycles = sys.controller.as_ref().map_or(0, |c| c.cycles());
+    rep.compaction_levels = report::LevelReport::between(&levels0, &sys.compaction_levels());
     Ok(rep)
 }
 
@@ -525,6 +615,7 @@ fn settle_and_run(
     cgroup: Option<&kernel::Cgroup>,
     label: &str,
     progress: &Progress,
+    clock: &std::sync::OnceLock<Instant>,
 ) -> Result<Measured> {
     let settle_ms = if b.warm {
         progress.line(&format!("{label}: settling (waiting for RocksDB's pending compactions)"));
@@ -555,7 +646,7 @@ fn settle_and_run(
             bar.set_position((f * secs).round() as u64);
         }
     };
-    let result = runner::run(sys.db.db(), b.w, &b.params, &tick);
+    let result = runner::run_with_clock(sys.db.db(), b.w, &b.params, &tick, clock);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -596,7 +687,7 @@ fn run(a: RunArgs) -> Result<BenchReport> {
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
     let profile = Profile::parse(&a.sys.profile)?;
-    let cfg = system_config(&a.sys);
+    let cfg = system_config(&a.sys)?;
     let progress = Progress::new(a.sys.quiet);
     let (data, kernel) = prepare(&a.sys, &a.out)?;
 
@@ -615,7 +706,9 @@ fn run(a: RunArgs) -> Result<BenchReport> {
         cfg,
         repeats: a.repeats,
         warm: a.settle,
+        settle_base: a.sys.settle_on == "base",
         settle_timeout: a.sys.settle_timeout,
+        drain_timeout: a.sys.drain_timeout,
         kernel: kernel.as_ref(),
         base: &base_path,
         data: &data,
@@ -663,7 +756,7 @@ fn figures(a: FiguresArgs) -> Result<()> {
         return Err(Error::Usage("--workloads is empty".into()));
     }
     let profile = Profile::parse(&a.sys.profile)?;
-    let cfg = system_config(&a.sys);
+    let cfg = system_config(&a.sys)?;
     let progress = Progress::new(a.sys.quiet);
     let (data, kernel) = prepare(&a.sys, &a.out)?;
     let started = Instant::now();
@@ -684,7 +777,9 @@ fn figures(a: FiguresArgs) -> Result<()> {
                 cfg: cfg.clone(),
                 repeats: a.repeats,
                 warm,
+                settle_base: a.sys.settle_on == "base",
                 settle_timeout: a.sys.settle_timeout,
+                drain_timeout: a.sys.drain_timeout,
                 kernel: kernel.as_ref(),
                 base: &base_path,
                 data: &data,

@@ -27,7 +27,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod attribution;
 pub mod cli;
+pub mod debt;
 mod error;
 pub mod generator;
 pub mod kernel;

@@ -213,6 +213,17 @@ pub struct SystemReport {
     /// Compactions during the run per level pair (systems on the stage).
     #[serde(default)]
     pub compaction_levels: Vec<LevelReport>,
+    /// Bytes per request context the stage counted while the clock ran
+    /// (systems on the stage; between the attribution sampler's first and
+    /// last readings, so the attribution's classes sum to it).
+    #[serde(default)]
+    pub run_context_bytes: BTreeMap<String, u64>,
+    /// What the slowest 1% of requests met (see [`crate::attribution`]).
+    #[serde(default)]
+    pub attribution: Option<crate::attribution::Attribution>,
+    /// The work left when the clock stopped, and the time to drain it.
+    #[serde(default)]
+    pub debt: Option<crate::debt::Debt>,
 }
 
 /// The compactions of one level pair during a run: RocksDB's job statistics
@@ -300,6 +311,9 @@ impl SystemReport {
             context_bytes: BTreeMap::new(),
             controller_cycles: 0,
             compaction_levels: Vec::new(),
+            run_context_bytes: BTreeMap::new(),
+            attribution: None,
+            debt: None,
         }
     }
 
@@ -567,6 +581,67 @@ pub fn table(report: &BenchReport) -> String {
         s.push('\n');
     }
     s.push_str(&levels_table(report));
+    s.push_str(&debt_table(report));
+    let attributed: Vec<(String, usize, &crate::attribution::Attribution)> =
+        report.systems.iter().filter_map(|r| Some((r.name.clone(), r.repeat, r.attribution.as_ref()?))).collect();
+    if !attributed.is_empty() {
+        s.push('\n');
+        s.push_str(&crate::attribution::table(&attributed));
+    }
+    s
+}
+
+/// The work each system left when the clock stopped (medians over
+/// repeats), the time RocksDB took to finish it, and `DEBT` where a
+/// repeat's debt was above 1.25x plain RocksDB's in the same repeat.
+pub fn debt_table(report: &BenchReport) -> String {
+    if report.systems.iter().all(|r| r.debt.is_none()) {
+        return String::new();
+    }
+    let mut s = String::from(
+        "
+end-of-run debt (median over repeats; drain: until RocksDB reports nothing pending)
+",
+    );
+    let _ = writeln!(
+        s,
+        "{:<18} {:>12} {:>9} {:>10} {:>9} {:>10} {:>7}",
+        "system", "pending MiB", "L0 files", "immutable", "drain s", "x rocksdb", "flag"
+    );
+    let plain_of =
+        |r: usize| report.systems.iter().find(|x| x.name == "rocksdb" && x.repeat == r).and_then(|x| x.debt.clone());
+    for (name, rs) in per_system(report) {
+        let ds: Vec<&crate::debt::Debt> = rs.iter().filter_map(|r| r.debt.as_ref()).collect();
+        if ds.is_empty() {
+            continue;
+        }
+        let m = |f: &dyn Fn(&crate::debt::Debt) -> f64| median(ds.iter().map(|d| f(d)).collect());
+        let ratio = median(
+            rs.iter()
+                .filter_map(|r| {
+                    let (d, p) = (r.debt.as_ref()?, plain_of(r.repeat)?);
+                    Some(d.score_bytes / p.score_bytes.max(d.memtable_bytes as f64))
+                })
+                .collect(),
+        );
+        let flagged = rs.iter().any(|r| match (&r.debt, plain_of(r.repeat)) {
+            (Some(d), Some(p)) => d.flagged_against(&p),
+            _ => false,
+        });
+        let drain = m(&|d| d.drain_ms.map_or(f64::NAN, |v| v as f64 / 1e3));
+        let timed_out = ds.iter().any(|d| d.drain_ms.is_none() && d.drain_timeout_ms > 0);
+        let _ = writeln!(
+            s,
+            "{:<18} {:>12.1} {:>9.0} {:>10.0} {:>9} {:>10} {:>7}",
+            name,
+            m(&|d| d.pending_compaction_bytes as f64 / 1048576.0),
+            m(&|d| d.l0_files as f64),
+            m(&|d| d.immutable_memtables as f64),
+            if timed_out { format!(">{}", ds[0].drain_timeout_ms / 1000) } else { num(drain, 1) },
+            num(ratio, 2),
+            if flagged { "DEBT" } else { "" },
+        );
+    }
     s
 }
 

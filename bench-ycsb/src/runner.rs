@@ -64,6 +64,48 @@ impl OpStats {
     }
 }
 
+/// One request as a client saw it, for the attribution of slow requests
+/// ([`crate::attribution`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// Scheduled time, µs since the clients started.
+    pub due_us: u64,
+    /// From the scheduled time to completion, µs.
+    pub latency_us: u32,
+    /// From issue to completion, µs.
+    pub service_us: u32,
+    /// Time the client thread waited for a CPU while the request was in
+    /// service (run-queue wait from `/proc/thread-self/schedstat`), µs; 0
+    /// where the kernel does not report it.
+    pub runq_us: u32,
+    /// The operation.
+    pub op: Op,
+}
+
+/// The calling thread's run-queue wait (`/proc/thread-self/schedstat`,
+/// second field, ns), read with `pread` from a file kept open.
+struct RunQueueClock {
+    file: Option<std::fs::File>,
+    buf: [u8; 96],
+}
+
+impl RunQueueClock {
+    fn open() -> Self {
+        RunQueueClock { file: std::fs::File::open("/proc/thread-self/schedstat").ok(), buf: [0; 96] }
+    }
+
+    fn wait_ns(&mut self) -> u64 {
+        use std::os::unix::fs::FileExt as _;
+        let Some(f) = &self.file else { return 0 };
+        let n = f.read_at(&mut self.buf, 0).unwrap_or(0);
+        std::str::from_utf8(&self.buf[..n])
+            .ok()
+            .and_then(|t| t.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
 /// One second of a run.
 #[derive(Debug, Clone)]
 pub struct Second {
@@ -93,6 +135,8 @@ pub struct RunResult {
     pub dropped: u64,
     /// Length of the schedule, s.
     pub schedule_s: f64,
+    /// Every issued request, in no particular order.
+    pub requests: Vec<RequestRecord>,
 }
 
 /// Parameters of a run phase.
@@ -116,6 +160,7 @@ struct ClientResult {
     seconds: Vec<Second>,
     dropped: u64,
     elapsed: Duration,
+    requests: Vec<RequestRecord>,
 }
 
 /// Does one operation. `Ok(false)` when a key that should exist did not.
@@ -163,11 +208,26 @@ fn execute(
 
 /// Runs the clients against `db`.
 pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(f64) + Sync)) -> RunResult {
+    run_with_clock(db, workload, params, progress, &std::sync::OnceLock::new())
+}
+
+/// [`run`], setting `clock` to the instant the clients start (what
+/// [`RequestRecord::due_us`] counts from), for a sampler running beside.
+pub fn run_with_clock(
+    db: &DB,
+    workload: &Workload,
+    params: &RunParams,
+    progress: &(dyn Fn(f64) + Sync),
+    clock: &std::sync::OnceLock<Instant>,
+) -> RunResult {
     let inserts = AcknowledgedCounter::new(workload.recordcount);
     let barrier = Barrier::new(params.threads + 1);
     // Completions may run past the schedule by up to the drain time.
     let seconds_n = ((params.duration + params.drain).as_secs_f64().ceil() as usize).max(1);
     let records = RecordBuilder::new(workload);
+    let expected_per_thread =
+        ((params.profile.max_rate() * params.duration.as_secs_f64()) as usize / params.threads.max(1)).min(4 << 20)
+            + 16;
     let results: Vec<ClientResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..params.threads)
             .map(|t| {
@@ -181,6 +241,8 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
                         (0..seconds_n).map(|_| Second { ops: 0, intended: histogram() }).collect();
                     let mut buf = Vec::with_capacity(workload.record_bytes() as usize + 256);
                     let mut dropped = 0u64;
+                    let mut requests = Vec::with_capacity(expected_per_thread);
+                    let mut runq = RunQueueClock::open();
                     barrier.wait();
                     let start = Instant::now();
                     loop {
@@ -213,8 +275,10 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
                         }
                         let c = chooser.next(&mut rng, inserts.acknowledged(), || inserts.next());
                         let issued = start.elapsed();
+                        let waited0 = runq.wait_ns();
                         let ok = execute(db, &chooser, records, &mut rng, &c, &mut buf);
                         let done = start.elapsed();
+                        let waited = runq.wait_ns().saturating_sub(waited0);
                         if c.op == Op::Insert {
                             inserts.acknowledge(c.keynum);
                         }
@@ -228,13 +292,21 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
                         stats.service.saturating_record(svc);
                         seconds[(done.as_secs() as usize).min(seconds_n - 1)].ops += 1;
                         seconds[(due.as_secs() as usize).min(seconds_n - 1)].intended.saturating_record(lat);
+                        requests.push(RequestRecord {
+                            due_us: due.as_micros() as u64,
+                            latency_us: lat.min(u64::from(u32::MAX)) as u32,
+                            service_us: svc.min(u64::from(u32::MAX)) as u32,
+                            runq_us: (waited / 1000).min(u64::from(u32::MAX)) as u32,
+                            op: c.op,
+                        });
                     }
-                    ClientResult { per_op, seconds, dropped, elapsed: start.elapsed() }
+                    ClientResult { per_op, seconds, dropped, elapsed: start.elapsed(), requests }
                 })
             })
             .collect();
-        barrier.wait();
         let start = Instant::now();
+        let _ = clock.set(start);
+        barrier.wait();
         while !handles.iter().all(|h| h.is_finished()) {
             progress((start.elapsed().as_secs_f64() / params.duration.as_secs_f64()).min(1.0));
             std::thread::sleep(Duration::from_millis(200));
@@ -250,7 +322,12 @@ pub fn run(db: &DB, workload: &Workload, params: &RunParams, progress: &(dyn Fn(
         seconds: (0..seconds_n).map(|_| Second { ops: 0, intended: histogram() }).collect(),
         dropped: 0,
         schedule_s: params.duration.as_secs_f64(),
+        requests: Vec::new(),
     };
+    out.requests.reserve(results.iter().map(|r| r.requests.len()).sum());
+    for r in &results {
+        out.requests.extend_from_slice(&r.requests);
+    }
     for ClientResult { per_op, seconds, dropped, .. } in &results {
         for (op, s) in per_op {
             out.per_op.entry(*op).or_default().add(s);

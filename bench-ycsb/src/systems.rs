@@ -51,17 +51,29 @@ pub enum SystemKind {
     PaioStatic,
     /// SILK with compaction pressure as an extra input.
     PaioSilkPressure,
+    /// RocksDB through rocks-env and a stage with no limiter and no
+    /// controller: what the wrapper alone costs.
+    PaioPassthrough,
+    /// RocksDB through the stage with the default controller
+    /// ([`controller::Adaptive`]).
+    PaioAdaptive,
 }
 
 impl SystemKind {
     /// All systems, in report order.
-    pub const ALL: [SystemKind; 5] = [
+    pub const ALL: [SystemKind; 7] = [
         SystemKind::RocksDb,
+        SystemKind::PaioPassthrough,
+        SystemKind::PaioAdaptive,
         SystemKind::RocksDbAutotuned,
         SystemKind::PaioSilk,
         SystemKind::PaioStatic,
         SystemKind::PaioSilkPressure,
     ];
+
+    /// Other names `--systems` accepts: `(alias, system)`.
+    pub const ALIASES: [(&'static str, SystemKind); 2] =
+        [("passthrough", SystemKind::PaioPassthrough), ("default", SystemKind::PaioAdaptive)];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -71,7 +83,14 @@ impl SystemKind {
             SystemKind::PaioSilk => "paio-silk",
             SystemKind::PaioStatic => "paio-static",
             SystemKind::PaioSilkPressure => "paio-silk-pressure",
+            SystemKind::PaioPassthrough => "paio-passthrough",
+            SystemKind::PaioAdaptive => "paio-adaptive",
         }
+    }
+
+    /// Whether the system runs through rocks-env and a stage.
+    pub fn staged(self) -> bool {
+        self != SystemKind::RocksDb
     }
 
     /// Parses a comma-separated list of names.
@@ -80,14 +99,25 @@ impl SystemKind {
             .map(str::trim)
             .filter(|x| !x.is_empty())
             .map(|x| {
-                SystemKind::ALL.into_iter().find(|k| k.name() == x).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "unknown system '{x}' (one of: {})",
-                        SystemKind::ALL.map(SystemKind::name).join(", ")
-                    ))
-                })
+                SystemKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == x)
+                    .or_else(|| SystemKind::ALIASES.iter().find(|(a, _)| *a == x).map(|(_, k)| *k))
+                    .ok_or_else(|| {
+                        Error::Usage(format!(
+                            "unknown system '{x}' (one of: {}; aliases: {})",
+                            SystemKind::ALL.map(SystemKind::name).join(", "),
+                            SystemKind::ALIASES.map(|(a, k)| format!("{a} = {}", k.name())).join(", ")
+                        ))
+                    })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()
+            .map(|mut v| {
+                // An alias and its name given both: once.
+                let mut seen = std::collections::HashSet::new();
+                v.retain(|k| seen.insert(*k));
+                v
+            })
     }
 }
 
@@ -251,6 +281,9 @@ pub struct SystemConfig {
     pub silk_interval_ms: u64,
     /// CPU priority of RocksDB's background threads (`normal`, `low`).
     pub background_cpu: String,
+    /// The default controller's parameters (`paio-adaptive`): `D` is
+    /// `KVS_B` and the floor `min_B` unless a controller file said otherwise.
+    pub adaptive: controller::AdaptiveConfig,
     /// RocksDB options.
     pub db: DbOptions,
 }
@@ -424,8 +457,8 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
     }
     let stage = Arc::new(Stage::new(kind.name()));
     match kind {
-        SystemKind::RocksDb | SystemKind::RocksDbAutotuned => {}
-        SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
+        SystemKind::RocksDb | SystemKind::RocksDbAutotuned | SystemKind::PaioPassthrough => {}
+        SystemKind::PaioSilk | SystemKind::PaioSilkPressure | SystemKind::PaioAdaptive => {
             RocksLayout::new().install(&stage)?;
         }
         SystemKind::PaioStatic => {
@@ -443,8 +476,17 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         builder = builder.device(Arc::clone(d));
     }
     let db = builder.open(path)?;
-    let pressure = (kind == SystemKind::PaioSilkPressure).then(|| Arc::new(PressureCell::default()));
+    let pressure = matches!(kind, SystemKind::PaioSilkPressure | SystemKind::PaioAdaptive)
+        .then(|| Arc::new(PressureCell::default()));
     let controller = match kind {
+        SystemKind::PaioAdaptive => {
+            let mut c = ControllerConfig::adaptive(cfg.adaptive.clone());
+            c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
+            c.log = decision_log.map(Path::to_path_buf);
+            let cell = Arc::clone(pressure.as_ref().expect("made above"));
+            let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || cell.get()));
+            Some(Controller::builder(c).instance("db", handle).max_log_records(0).start()?)
+        }
         SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
             let mut c = ControllerConfig::silk(SilkConfig {
                 kvs_bandwidth: kvs,

@@ -82,7 +82,10 @@ fn a_short_run_produces_summary_series_and_plots() {
         serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
     let systems = summary["systems"].as_array().unwrap();
     let names: Vec<&str> = systems.iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["rocksdb", "rocksdb-autotuned", "paio-silk", "paio-static"]);
+    assert_eq!(
+        names,
+        ["rocksdb", "paio-passthrough", "paio-adaptive", "rocksdb-autotuned", "paio-silk", "paio-static"]
+    );
     for s in systems {
         for key in ["throughput_ops", "p50_us", "p99_us", "p999_us"] {
             assert!(s[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {s}");
@@ -103,7 +106,7 @@ fn a_short_run_produces_summary_series_and_plots() {
     for plot in ["throughput.svg", "p99.svg"] {
         let svg = std::fs::read_to_string(out.path().join(plot)).unwrap();
         assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"), "{plot}");
-        assert_eq!(svg.matches("<polyline").count(), 4, "{plot}: one line per system");
+        assert_eq!(svg.matches("<polyline").count(), 6, "{plot}: one line per system");
         assert_well_formed(&svg, plot);
     }
     let decisions = std::fs::read_to_string(out.path().join("decisions-paio-silk-1.jsonl")).unwrap();
@@ -112,6 +115,37 @@ fn a_short_run_produces_summary_series_and_plots() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         assert_eq!(v["policy"], "silk");
     }
+
+    let decisions = std::fs::read_to_string(out.path().join("decisions-paio-adaptive-1.jsonl")).unwrap();
+    assert!(decisions.lines().count() > 100);
+    for l in decisions.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["policy"], "adaptive");
+    }
+    // Every system has the attribution of its slowest 1% and its debt.
+    for s in systems {
+        let a = &s["attribution"];
+        assert_eq!(a["threshold_us"], s["p99_us"], "{}", s["name"]);
+        assert_eq!(a["all"]["requests"], s["operations"], "{}", s["name"]);
+        let slow = a["slowest"]["requests"].as_u64().unwrap();
+        let ops = s["operations"].as_u64().unwrap();
+        assert!(slow >= 1 && slow <= ops / 50, "{slow} of {ops} requests counted as the slowest 1%");
+        // On the emulated device every system runs through a stage: the
+        // classes sum to the bytes per context the stage counted meanwhile.
+        assert_eq!(a["staged"], true);
+        let classes: u64 = a["run_class_bytes"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+        let contexts: u64 = s["run_context_bytes"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(classes, contexts, "{}: {a}", s["name"]);
+        assert!(contexts > 1_000_000, "{}: 600 updates of 1 KB at least: {contexts}", s["name"]);
+        let d = &s["debt"];
+        for key in ["pending_compaction_bytes", "l0_files", "immutable_memtables", "score_bytes"] {
+            assert!(d[key].as_f64().is_some(), "{key} in {d}");
+        }
+        assert!(d["drain_ms"].as_u64().is_some(), "a 5,000-record DB drains within a minute: {d}");
+    }
+    let o = bench().arg("report").arg(out.path()).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(table.contains("end-of-run debt") && table.contains("slowest 1%"), "{table}");
 
     // `report` re-makes the table and plots from summary.json.
     std::fs::remove_file(out.path().join("p99.svg")).unwrap();
@@ -228,7 +262,7 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
             "--device",
             "kernel:rbps=64MiB,wbps=32MiB",
             "--systems",
-            "rocksdb,paio-silk",
+            "rocksdb,passthrough,paio-silk",
             "--workload",
             "write-heavy",
             "--duration",
@@ -259,7 +293,11 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
     seen.sort();
     assert_eq!(
         seen,
-        [format!("kvsds-bench-{pid}-paio-silk-1"), format!("kvsds-bench-{pid}-rocksdb-1")],
+        [
+            format!("kvsds-bench-{pid}-paio-passthrough-1"),
+            format!("kvsds-bench-{pid}-paio-silk-1"),
+            format!("kvsds-bench-{pid}-rocksdb-1")
+        ],
         "one cgroup per system run"
     );
     assert!(cgroups_of(pid).is_empty(), "cgroups left behind: {:?}", cgroups_of(pid));
@@ -268,7 +306,10 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
     assert!(summary["device"].as_str().unwrap().contains("kernel-throttled"));
-    for (s, source) in summary["systems"].as_array().unwrap().iter().zip(["rocksdb-statistics", "stage"]) {
+    let systems = summary["systems"].as_array().unwrap();
+    let names: Vec<&str> = systems.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["rocksdb", "paio-passthrough", "paio-silk"], "the alias names the pass-through system");
+    for (s, source) in systems.iter().zip(["rocksdb-statistics", "stage", "stage"]) {
         let check = &s["byte_check"];
         assert_eq!(check["seen"]["source"], source, "{s}");
         let charged = check["charged"]["write_bytes"].as_u64().unwrap();
@@ -280,6 +321,16 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
         let ratio = check["write_ratio"].as_f64().unwrap();
         assert!((ratio - charged as f64 / seen as f64).abs() < 1e-9);
         assert_eq!(check["low"].as_bool().unwrap(), ratio < 0.9);
+        // The attribution saw the kernel's counters; plain RocksDB has no
+        // stage, the others' classes sum to what their stage counted.
+        let a = &s["attribution"];
+        assert_eq!(a["staged"], source == "stage", "{a}");
+        assert!(a["all"]["charged_bps"][1].as_f64().unwrap() > 0.0, "{a}");
+        let classes: u64 = a["run_class_bytes"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+        let contexts: u64 = s["run_context_bytes"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(classes, contexts, "{a}");
+        assert_eq!(classes > 0, source == "stage");
+        assert!(s["debt"]["drain_timeout_ms"].as_u64().is_some());
     }
 }
 
