@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job: the YCSB side-by-side comparison (plain RocksDB, RocksDB's
-# auto-tuned rate limiter, RocksDB through a stage with SILK, and with static
+# The main job: the YCSB side-by-side comparison (plain RocksDB, RocksDB
+# through a pass-through stage, through a stage with the default controller,
+# RocksDB's auto-tuned rate limiter, the stage with SILK, and with static
 # limits). Installs what the build needs when it is missing, builds with the
 # release profile (the first build compiles RocksDB's C++ code, about 15
 # minutes on 2 cores), then runs `bench-ycsb` with the arguments given, in the
 # current directory (no arguments: `bench-ycsb run`, the mixture workload,
-# about 5 minutes, results in ./ycsb-results). `bash scripts/ycsb.sh figures`
+# six systems of 60 s each, results in ./ycsb-results). `bash scripts/ycsb.sh figures`
 # runs the paper's three workloads; `--device kernel:rbps=..,wbps=..` runs
 # on the real disk throttled by a cgroup (as root).
 set -euo pipefail

@@ -1,8 +1,8 @@
 //! Controller configuration, in TOML with human units.
 //!
 //! ```toml
-//! policy = "silk"            # silk | max_min | proportional | static
-//! interval = "10ms"          # default: 10ms for silk, 1s for the others
+//! policy = "silk"            # adaptive | silk | max_min | proportional | static
+//! interval = "10ms"          # default: 10ms for adaptive and silk, 1s for the others
 //! log = "decisions.jsonl"    # optional: every cycle as a JSON line
 //!
 //! [silk]
@@ -166,6 +166,17 @@ pub struct AdaptiveConfig {
     /// Contention lasts this long after the last busy cycle.
     #[serde(default = "AdaptiveConfig::default_hold", with = "kv_stage::units::duration_str")]
     pub hold: Duration,
+    /// While contended, background work gets `calm_share * device_bandwidth`
+    /// when the store has no backlog ...
+    #[serde(default = "AdaptiveConfig::default_calm_share")]
+    pub calm_share: f64,
+    /// ... and more from this store pressure on ...
+    #[serde(default = "AdaptiveConfig::default_ramp_from")]
+    pub ramp_from: f64,
+    /// ... up to all that clients leave (`device_bandwidth - Fg`) at this
+    /// pressure.
+    #[serde(default = "AdaptiveConfig::default_ramp_to")]
+    pub ramp_to: f64,
     /// Store pressure at which flushes and L0 compactions are unlimited even
     /// while the device is contended (1: RocksDB starts to slow writes).
     #[serde(default = "AdaptiveConfig::default_promote_at")]
@@ -189,14 +200,32 @@ impl AdaptiveConfig {
         Duration::from_millis(500)
     }
     fn default_promote_at() -> f64 {
+        0.9
+    }
+    fn default_calm_share() -> f64 {
+        1.0 / 3.0
+    }
+    fn default_ramp_from() -> f64 {
+        0.25
+    }
+    fn default_ramp_to() -> f64 {
         0.75
+    }
+
+    /// 0 at or below `ramp_from`, 1 at or above `ramp_to`, linear between.
+    pub fn ramp(&self, pressure: f64) -> f64 {
+        if !pressure.is_finite() {
+            return if pressure > 0.0 { 1.0 } else { 0.0 };
+        }
+        ((pressure - self.ramp_from) / (self.ramp_to - self.ramp_from)).clamp(0.0, 1.0)
     }
 }
 
 impl Default for AdaptiveConfig {
     /// A 200 MiB/s budget with a 10 MiB/s floor (SILK's prototype values);
-    /// busy above 75% of it with 2,000 client requests/s; 500 ms hold;
-    /// promotion at pressure 0.75.
+    /// busy at 75% of it or with 2,000 client requests/s; 500 ms hold; a
+    /// third of the budget with no backlog, all that clients leave from
+    /// pressure 0.75; promotion at pressure 0.9.
     fn default() -> Self {
         AdaptiveConfig {
             device_bandwidth: Self::default_device(),
@@ -204,6 +233,9 @@ impl Default for AdaptiveConfig {
             busy_share: Self::default_busy_share(),
             busy_foreground_ops: Self::default_busy_ops(),
             hold: Self::default_hold(),
+            calm_share: Self::default_calm_share(),
+            ramp_from: Self::default_ramp_from(),
+            ramp_to: Self::default_ramp_to(),
             promote_at: Self::default_promote_at(),
         }
     }
@@ -342,6 +374,19 @@ impl ControllerConfig {
                     return Err(Error::config(
                         "adaptive.busy_foreground_ops",
                         format!("must be 0 or more (is {})", a.busy_foreground_ops),
+                    ));
+                }
+                if !(a.calm_share.is_finite() && a.calm_share > 0.0 && a.calm_share <= 1.0) {
+                    return Err(Error::config(
+                        "adaptive.calm_share",
+                        format!("must be above 0 and at most 1 (is {})", a.calm_share),
+                    ));
+                }
+                if !(a.ramp_from.is_finite() && a.ramp_to.is_finite() && a.ramp_from >= 0.0 && a.ramp_from < a.ramp_to)
+                {
+                    return Err(Error::config(
+                        "adaptive.ramp_from",
+                        format!("needs 0 <= ramp_from < ramp_to (ramp_from {}, ramp_to {})", a.ramp_from, a.ramp_to),
                     ));
                 }
                 if !(a.promote_at.is_finite() && a.promote_at > 0.0) {

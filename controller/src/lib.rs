@@ -6,7 +6,10 @@
 //! the decision as enforcement rules, and records the cycle in a decision
 //! log ([`DecisionRecord`], optionally appended to a JSON-lines file).
 //!
-//! Policies: [`Silk`] (SILK's scheduling for LSM stores, Paio Algorithm 1;
+//! Policies: [`Adaptive`], the default controller for RocksDB (no limit
+//! while the store is healthy, SILK's split of a backlog-dependent budget
+//! while the device or the clients are busy, flushes and L0 compactions
+//! promoted as a write stall nears), [`Silk`] (SILK's scheduling for LSM stores, Paio Algorithm 1;
 //! with a [`PressureConfig`], SILK with the store's compaction
 //! [`Pressure`] as an extra input, which a [`StageHandle`] that knows the
 //! store reports), and [`FairShare`] in three modes: max-min (Algorithm 2, work-conserving),

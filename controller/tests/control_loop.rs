@@ -182,3 +182,98 @@ fn a_stage_missed_for_a_cycle_is_left_out_and_its_rates_span_the_gap() {
     let after = controller::context_rate(&log[i + 1].inputs[0], RequestContext::FOREGROUND);
     assert!(after > 100_000.0, "the cycle after the gap saw {after} B/s of foreground writes");
 }
+
+/// The default controller on the paper's layout, in its loop: no limit
+/// while nothing is busy; a flood of flush bytes makes the device busy and
+/// the flush DRL falls to the calm budget (a third of `D`) while the
+/// others keep the floor; a stall precursor (pressure 0.95) gives the
+/// flush all of `D` even without a backlog; when the flood stops, everything is unlimited
+/// again after `hold`.
+#[test]
+fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
+    use controller::{AdaptiveConfig, Pressure, WithPressure};
+    use kv_stage::{Context, InstanceId, RequestContext as C, RequestType};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const MIB: f64 = 1048576.0;
+    let stage = Arc::new(kv_stage::Stage::new("db"));
+    let layout = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv-stage/examples/rules/rocksdb.toml");
+    stage.apply(&kv_stage::RuleSet::load(std::path::Path::new(layout)).unwrap()).unwrap();
+    let pressure = Arc::new(AtomicU64::new(0f64.to_bits()));
+    let p = Arc::clone(&pressure);
+    let handle = Arc::new(WithPressure::new(stage.clone(), move || {
+        Pressure::new(f64::from_bits(p.load(Ordering::Relaxed)), 0.0, 0.0)
+    }));
+    let config = AdaptiveConfig {
+        device_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+        hold: Duration::from_millis(100),
+        ..AdaptiveConfig::default()
+    };
+    let ctl = Controller::builder(ControllerConfig::adaptive(config)).instance("db", handle).start().unwrap();
+    let rate = |c: &str, o: &str| match stage.object(c, o).unwrap().spec() {
+        Some(ObjectSpec::Drl(d)) => d.rate.per_sec() / MIB,
+        other => panic!("{other:?}"),
+    };
+    let wait = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: flush {} l0 {} ln {} MiB/s",
+                rate("flush", "drl"),
+                rate("compaction", "l0"),
+                rate("compaction", "ln")
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let unlimited = || {
+        rate("flush", "drl").is_infinite()
+            && rate("compaction", "l0").is_infinite()
+            && rate("compaction", "ln").is_infinite()
+    };
+    // Healthy: nothing limited.
+    while ctl.cycles() < 5 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(unlimited());
+    // A flush runs and floods the device (256 KiB requests, as fast as
+    // the flush DRL lets them through), bounded in time.
+    stage.job_started(InstanceId(0), C::BG_FLUSH);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (stage, stop) = (&stage, &stop);
+        s.spawn(move || {
+            let _scope = kv_stage::ContextScope::enter(C::BG_FLUSH);
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                stage.enforce(&Context::new(RequestType::Write, 256 << 10)).unwrap();
+            }
+        });
+        wait("busy: the flush at the calm budget", &|| {
+            (rate("flush", "drl") - 20.0).abs() < 1e-6
+                && rate("compaction", "l0") == 4.0
+                && rate("compaction", "ln") == 4.0
+        });
+        // A stall nears: the flush gets all of D (no foreground), L0 and
+        // LN the floor.
+        pressure.store(0.95f64.to_bits(), Ordering::Relaxed);
+        wait("promoted", &|| {
+            (rate("flush", "drl") - 60.0).abs() < 1e-6
+                && rate("compaction", "l0") == 4.0
+                && rate("compaction", "ln") == 4.0
+        });
+        pressure.store(0f64.to_bits(), Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
+    });
+    stage.job_finished(InstanceId(0), C::BG_FLUSH);
+    // Quiet again: unlimited after the hold.
+    wait("healthy again", &unlimited);
+    let log = ctl.stop();
+    let modes: Vec<String> =
+        log.iter().map(|r| serde_json::to_value(r).unwrap()["notes"][0]["mode"].as_str().unwrap().to_owned()).collect();
+    for m in ["healthy", "contended", "promoted"] {
+        assert!(modes.iter().any(|x| x == m), "no {m} cycle in {modes:?}");
+    }
+}

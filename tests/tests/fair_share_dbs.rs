@@ -68,6 +68,7 @@ fn two_dbs_share_a_budget_max_min() {
         interval: Some(Duration::from_millis(100)),
         log: None,
         silk: Default::default(),
+        adaptive: Default::default(),
         fair_share: Some(FairShareConfig {
             device_bandwidth: Bandwidth::new(BUDGET).unwrap(),
             instances: vec![inst("a"), inst("b")],

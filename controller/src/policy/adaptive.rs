@@ -1,36 +1,42 @@
 //! The default controller for RocksDB: unlimited while the store is
-//! healthy, SILK's priorities only while the device is contended, and
-//! flushes and L0 compactions promoted as a write stall nears.
+//! healthy, SILK's priorities only while the device or the clients are
+//! busy, and flushes and L0 compactions promoted as a write stall nears.
 //!
 //! Each cycle, per instance (a stage with the RocksDB layout):
 //!
-//! 1. **Healthy: no limit.** Unless the device is contended, every
+//! 1. **Healthy: no limit.** Unless the instance is contended, every
 //!    background DRL is unlimited: the store runs as plain RocksDB would,
-//!    and a flush or compaction finishes as fast as the device lets it
-//!    (stretching it under a limit makes more client requests meet it).
-//! 2. **Contended: SILK's shares.** The device counts as contended while the
-//!    clients are busy (foreground requests per second at least
-//!    `busy_foreground_ops`) *and* the store's traffic (every context) is at
-//!    least `busy_share` of the device budget `D`, and for `hold` after the
-//!    last cycle that was. Then background work gets what clients leave,
-//!    `left = max(D - Fg, min_B)`, flushes and L0->L1 compactions first
-//!    (they split `left` when they run), deeper compactions `min_B` while
-//!    they do and `left` when they do not: Algorithm 1.
-//! 3. **A stall nears: promotion.** At a store pressure (L0 files toward the
-//!    slowdown trigger, full memtables, pending compaction bytes; see
-//!    [`Pressure`](super::Pressure)) of `promote_at` or more, flushes and
-//!    L0 compactions are unlimited even while the device is contended, as
-//!    RocksDB raises their I/O priority once its write controller delays
-//!    writes: a stall costs clients more than the interference.
+//!    and a flush or compaction finishes as fast as the device lets it.
+//! 2. **Contended: SILK's split of a budget.** A cycle is busy when the
+//!    store's traffic (every context) is at least `busy_share` of the
+//!    device budget `D`, or when clients make at least
+//!    `busy_foreground_ops` requests per second (averaged over 200 ms), or
+//!    when a limit it set binds (a background request waits in its DRL);
+//!    the instance stays contended for `hold` after the last busy cycle. Then
+//!    background work gets a budget between a calm share of `D`
+//!    (`calm_share`, with no backlog) and all that clients leave,
+//!    `left = max(D - Fg, min_B)` (as the store's pressure goes from
+//!    `ramp_from` to `ramp_to`), split as Algorithm 1 splits `left_B`:
+//!    flushes and L0->L1 compactions first, deeper compactions `min_B`
+//!    while those run and the whole budget when they do not.
+//! 3. **A stall nears: promotion.** When L0 files or full memtables reach
+//!    `promote_at` of RocksDB's slowdown point (see
+//!    [`Pressure`](super::Pressure)), flushes and L0 compactions get all
+//!    that clients leave (`left`) and deep compactions the floor, whatever
+//!    the backlog ramp says, as RocksDB raises their I/O priority once its
+//!    write controller delays writes. Not unlimited: a cold start with 11
+//!    L0 files and L0 compactions let loose filled the kernel's throttle and
+//!    cost clients a p99 of about a second. Pending compaction bytes
+//!    (deep-level debt) raise the budget instead.
 //! 4. **Debt is paid when clients leave.** Deep compactions are held back
-//!    only while the device is contended; once it is not, they are
-//!    unlimited again, so the backlog is paid in the next quiet moment.
+//!    only while contended; once the instance is not, they are unlimited
+//!    again, so the backlog is paid in the next quiet moment.
 
 use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Decision, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Setting};
+use super::{Decision, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, Setting};
 use crate::config::AdaptiveConfig;
 
 /// What the policy did for an instance in a cycle.
@@ -41,8 +47,8 @@ pub enum AdaptiveMode {
     Healthy,
     /// Contended: SILK's shares of what clients leave.
     Contended,
-    /// Contended, and a stall nears: flushes and L0 compactions unlimited,
-    /// deeper compactions at `min_B`.
+    /// Contended, and a stall nears: flushes and L0 compactions get all
+    /// that clients leave, deeper compactions `min_B`.
     Promoted,
     /// Not contended but pressed: as healthy (every DRL unlimited).
     Draining,
@@ -57,14 +63,17 @@ pub struct AdaptiveInputs {
     pub fg_ops: f64,
     /// Every context's bandwidth together, bytes/s.
     pub total_bps: f64,
-    /// The store's pressure level (0 when its handle does not report one).
-    pub pressure: f64,
+    /// The store's pressure (0 when its handle does not report one).
+    pub pressure: Pressure,
     /// This cycle counted as busy.
     pub busy: bool,
     /// What the policy did.
     pub mode: AdaptiveMode,
     /// `max(D - Fg, min_B)`.
     pub left_bps: f64,
+    /// What background work gets while contended: from `calm_share * D`
+    /// (no pressure) up to `left_bps` (pressure at `ramp_to`).
+    pub budget_bps: f64,
     /// Flush rate set (`INFINITY`: unlimited).
     pub b_flush: f64,
     /// L0 rate set.
@@ -77,7 +86,16 @@ pub struct AdaptiveInputs {
 struct InstanceState {
     /// Seconds since the controller started, of the last busy cycle.
     last_busy_s: Option<f64>,
+    /// Foreground requests per second, averaged over about
+    /// [`FG_OPS_SMOOTHING`] (one 10 ms window is too noisy to judge by).
+    fg_ops: Option<f64>,
+    /// Nanoseconds background requests had waited in their DRLs, at the
+    /// last cycle.
+    wait_ns: u64,
 }
+
+/// The time constant of the foreground request rate's moving average.
+const FG_OPS_SMOOTHING: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The default controller's policy (see the module documentation).
 #[derive(Debug, Clone)]
@@ -101,16 +119,16 @@ impl Adaptive {
         Adaptive { config: config.clone(), state: Vec::new() }
     }
 
-    /// One instance's decision from its inputs: `busy_now` is whether this
-    /// cycle counts as busy, `since_busy` the seconds since the last busy
-    /// cycle (this one included: 0 when busy), `jobs` whether flushes and
-    /// L0 compactions run.
+    /// One instance's decision from its inputs: `since_busy` is the
+    /// seconds since the last busy cycle (0 when this one is), `flush_active`
+    /// and `l0_active` whether flushes and L0 compactions run.
+    #[allow(clippy::too_many_arguments)]
     pub fn compute(
         &self,
         fg_bps: f64,
         fg_ops: f64,
         total_bps: f64,
-        pressure: f64,
+        pressure: Pressure,
         since_busy: Option<f64>,
         flush_active: bool,
         l0_active: bool,
@@ -121,29 +139,56 @@ impl Adaptive {
         let busy = self.is_busy(fg_ops, total_bps);
         let contended = busy || since_busy.is_some_and(|s| s < c.hold.as_secs_f64());
         let left = (d - fg_bps).max(min);
+        // What background work gets while contended: a calm share of D with
+        // no backlog, all that clients leave as the backlog grows.
+        let calm = (c.calm_share * d).min(left).max(min);
+        let budget = (calm + (left - calm).max(0.0) * c.ramp(pressure.level)).min(left).max(min);
         let inf = f64::INFINITY;
-        let promote = pressure >= c.promote_at;
+        // A stall nears when L0 files or full memtables approach RocksDB's
+        // slowdown point; pending compaction bytes are deep-level debt,
+        // which the budget (and quiet moments) pay, not a reason to let
+        // flushes and L0 compactions take the device.
+        let promote = pressure.l0.max(pressure.memtables) >= c.promote_at;
         let (mode, b_flush, b_l0, b_ln) = if !contended {
             (if promote { AdaptiveMode::Draining } else { AdaptiveMode::Healthy }, inf, inf, inf)
         } else if promote {
-            (AdaptiveMode::Promoted, inf, inf, min)
-        } else {
+            // All that clients leave, SILK-style, whether or not the backlog
+            // ramp has reached it; deep compactions wait at the floor.
             let (f, l) = match (flush_active, l0_active) {
-                (true, true) => (left / 2.0, left / 2.0),
                 (true, false) => (left, min),
                 (false, true) => (min, left),
+                _ => (left / 2.0, left / 2.0),
+            };
+            (AdaptiveMode::Promoted, f, l, min)
+        } else {
+            let (f, l) = match (flush_active, l0_active) {
+                (true, true) => (budget / 2.0, budget / 2.0),
+                (true, false) => (budget, min),
+                (false, true) => (min, budget),
                 (false, false) => (min, min),
             };
-            let ln = if flush_active || l0_active { min } else { left };
+            let ln = if flush_active || l0_active { min } else { budget };
             (AdaptiveMode::Contended, f, l, ln)
         };
-        AdaptiveInputs { fg_bps, fg_ops, total_bps, pressure, busy, mode, left_bps: left, b_flush, b_l0, b_ln }
+        AdaptiveInputs {
+            fg_bps,
+            fg_ops,
+            total_bps,
+            pressure,
+            busy,
+            mode,
+            left_bps: left,
+            budget_bps: budget,
+            b_flush,
+            b_l0,
+            b_ln,
+        }
     }
 
     /// Whether a cycle with these rates counts as busy.
     pub fn is_busy(&self, fg_ops: f64, total_bps: f64) -> bool {
         let c = &self.config;
-        fg_ops >= c.busy_foreground_ops && total_bps >= c.busy_share * c.device_bandwidth.bytes_per_sec()
+        fg_ops >= c.busy_foreground_ops || total_bps >= c.busy_share * c.device_bandwidth.bytes_per_sec()
     }
 
     fn state(&mut self, key: InstanceKey) -> &mut InstanceState {
@@ -157,25 +202,46 @@ impl Adaptive {
     fn decide_one(&mut self, v: &InstanceView, now_s: f64, settings: &mut Vec<Setting>) -> serde_json::Value {
         let fg = v.rates.context(C::FOREGROUND);
         let total: f64 = v.rates.contexts.iter().map(|(_, r)| r.bytes_per_sec).sum();
-        let pressure = v.pressure.map_or(0.0, |p| p.level);
-        let busy = self.is_busy(fg.ops_per_sec, total);
+        let pressure = v.pressure.unwrap_or_default();
+        let a = (v.rates.interval.as_secs_f64() / FG_OPS_SMOOTHING.as_secs_f64()).clamp(0.0, 1.0);
+        let st = self.state(v.key);
+        let fg_ops = match st.fg_ops {
+            Some(prev) => prev + a * (fg.ops_per_sec - prev),
+            None => fg.ops_per_sec,
+        };
+        st.fg_ops = Some(fg_ops);
+        let flush = drls_for(&v.info, C::BG_FLUSH);
+        let l0 = drls_for(&v.info, C::BG_COMPACTION_L0_L1);
+        let ln = drls_for(&v.info, C::BG_COMPACTION_LN);
+        // A limit that binds (a background request waits, or waited since
+        // the last cycle) keeps the instance contended: the limit, not a
+        // lack of demand, is what keeps the traffic below the threshold.
+        let (mut wait_ns, mut waiting) = (0u64, 0u64);
+        for d in flush.iter().chain(&l0).chain(&ln) {
+            if let Some(o) = v.collection.object(&d.channel, &d.object) {
+                wait_ns += o.stats.wait_ns;
+                waiting += o.stats.waiting;
+            }
+        }
+        let st = self.state(v.key);
+        let binding = waiting > 0 || wait_ns > st.wait_ns;
+        st.wait_ns = wait_ns;
+        let busy = binding || self.is_busy(fg_ops, total);
         let st = self.state(v.key);
         if busy {
             st.last_busy_s = Some(now_s);
         }
         let since_busy = st.last_busy_s.map(|t| (now_s - t).max(0.0));
-        let flush = drls_for(&v.info, C::BG_FLUSH);
-        let l0 = drls_for(&v.info, C::BG_COMPACTION_L0_L1);
-        let ln = drls_for(&v.info, C::BG_COMPACTION_LN);
-        let x = self.compute(
+        let mut x = self.compute(
             fg.bytes_per_sec,
-            fg.ops_per_sec,
+            fg_ops,
             total,
             pressure,
             since_busy,
             v.job_active(C::BG_FLUSH),
             v.job_active(C::BG_COMPACTION_L0_L1),
         );
+        x.busy = busy;
         let hysteresis = self.config.min_bandwidth.bytes_per_sec() / 4.0;
         let mut push = |object: &ObjectRef, rate: f64| {
             let same = v.current_rate(&object.channel, &object.object).is_some_and(|cur| {
@@ -202,9 +268,11 @@ impl Adaptive {
             "total_bps": x.total_bps,
             "pressure": v.pressure,
             "busy": x.busy,
+            "binding": binding,
             "since_busy_s": since_busy,
             "mode": x.mode,
             "left_bps": x.left_bps,
+            "budget_bps": x.budget_bps,
             "b_flush_bps": rate_note(x.b_flush),
             "b_l0_bps": rate_note(x.b_l0),
             "b_ln_bps": rate_note(x.b_ln),
@@ -249,64 +317,114 @@ mod tests {
 
     const MIB: f64 = 1048576.0;
 
+    /// Backlog only (pending compaction bytes).
+    fn backlog(level: f64) -> Pressure {
+        Pressure::new(0.0, 0.0, level)
+    }
+
+    /// L0 files toward the slowdown trigger.
+    fn l0(level: f64) -> Pressure {
+        Pressure::new(level, 0.0, 0.0)
+    }
+
+    fn mib(x: (f64, f64, f64)) -> (f64, f64, f64) {
+        let r = |v: f64| (v / MIB * 1e6).round() / 1e6;
+        (r(x.0), r(x.1), r(x.2))
+    }
+
+    /// `D` 60 MiB/s, floor 4: calm budget 20 MiB/s.
     fn policy() -> Adaptive {
         Adaptive::new(&AdaptiveConfig {
-            device_bandwidth: kv_stage::Bandwidth::new(56.0 * MIB).unwrap(),
+            device_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
             min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
             ..AdaptiveConfig::default()
         })
     }
 
-    /// A healthy store: clients light, the device far from its budget, no
-    /// pressure: nothing is limited, whatever runs.
+    /// A healthy store: clients light, the store's traffic far below the
+    /// device budget, no pressure: no DRL is limited, whatever runs.
     #[test]
     fn healthy_store_sets_no_limit() {
         let p = policy();
         for (flush, l0) in [(false, false), (true, false), (false, true), (true, true)] {
-            // Light clients, even with heavy background traffic.
-            let x = p.compute(1.0 * MIB, 500.0, 60.0 * MIB, 0.1, None, flush, l0);
-            assert_eq!(x.mode, AdaptiveMode::Healthy);
+            let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.1), None, flush, l0);
+            assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
             assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite(), "{x:?}");
-            // Busy clients, the device far below its budget.
-            let x = p.compute(8.0 * MIB, 5000.0, 20.0 * MIB, 0.1, None, flush, l0);
+            // A busy cycle long past (beyond `hold`) changes nothing.
+            let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.1), Some(10.0), flush, l0);
             assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
         }
     }
 
-    /// Busy clients and a busy device: SILK's shares of what clients leave,
-    /// for `hold` after the last busy cycle.
+    /// A busy device (the store's traffic at 75% of `D`) or busy clients:
+    /// SILK's split of the calm budget (a third of `D`), and it holds for
+    /// `hold` after the last busy cycle.
     #[test]
-    fn contention_gives_silks_shares_and_holds() {
+    fn contention_splits_the_calm_budget_silk_style_and_holds() {
         let p = policy();
-        let x = p.compute(16.0 * MIB, 5000.0, 56.0 * MIB, 0.1, Some(0.0), true, false);
+        // The device: 50 of 60 MiB/s, light clients.
+        let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, false);
         assert_eq!(x.mode, AdaptiveMode::Contended);
-        assert_eq!((x.b_flush / MIB, x.b_l0 / MIB, x.b_ln / MIB), (40.0, 4.0, 4.0));
-        let x = p.compute(16.0 * MIB, 5000.0, 56.0 * MIB, 0.1, Some(0.0), true, true);
-        assert_eq!((x.b_flush / MIB, x.b_l0 / MIB, x.b_ln / MIB), (20.0, 20.0, 4.0));
-        let x = p.compute(16.0 * MIB, 5000.0, 56.0 * MIB, 0.1, Some(0.0), false, false);
-        assert_eq!((x.b_flush / MIB, x.b_l0 / MIB, x.b_ln / MIB), (4.0, 4.0, 40.0));
-        // A quiet cycle within `hold` of the last busy one stays contended ...
+        assert!(x.busy);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (20.0, 4.0, 4.0));
+        let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
+        let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), false, false);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 4.0, 20.0));
+        // Busy clients on a quiet device.
+        let x = p.compute(8.0 * MIB, 5000.0, 8.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        assert_eq!(x.mode, AdaptiveMode::Contended);
+        assert!((x.b_l0 / MIB - 20.0).abs() < 1e-6);
+        // A quiet cycle within `hold` of the last busy one stays contended.
         let hold = AdaptiveConfig::default().hold.as_secs_f64();
-        let x = p.compute(16.0 * MIB, 5000.0, 10.0 * MIB, 0.1, Some(hold / 2.0), false, false);
+        let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.0), Some(hold / 2.0), false, false);
         assert_eq!(x.mode, AdaptiveMode::Contended);
-        // ... and one past it is healthy again.
-        let x = p.compute(16.0 * MIB, 5000.0, 10.0 * MIB, 0.1, Some(hold * 2.0), false, false);
-        assert_eq!(x.mode, AdaptiveMode::Healthy);
+        assert!(!x.busy);
     }
 
-    /// A stall precursor: flushes and L0 compactions get the device even
-    /// while it is contended; deep compactions wait at the floor.
+    /// The budget grows with the store's backlog from the calm third of `D`
+    /// to all that clients leave, never above it.
+    #[test]
+    fn backlog_raises_the_budget_to_what_clients_leave() {
+        let p = policy();
+        // Clients use 10: left = 50; ramp from 0.25 to 0.75.
+        for (pressure, budget) in [(0.0, 20.0), (0.25, 20.0), (0.5, 35.0), (0.75, 50.0), (0.85, 50.0)] {
+            let x = p.compute(10.0 * MIB, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, true);
+            assert_eq!(x.mode, AdaptiveMode::Contended, "{pressure}");
+            assert!((x.budget_bps / MIB - budget).abs() < 1e-9, "pressure {pressure}: {x:?}");
+            assert_eq!(x.b_l0, x.budget_bps);
+        }
+        // Clients take nearly all of D: the budget is the floor.
+        let x = p.compute(58.0 * MIB, 5000.0, 60.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        assert_eq!(x.budget_bps / MIB, 4.0);
+    }
+
+    /// A stall precursor (pressure at `promote_at`): flushes and L0
+    /// compactions get all that clients leave even with no backlog; deep
+    /// compactions wait at the floor. Pressed but not contended: everything
+    /// unlimited.
     #[test]
     fn stall_precursor_promotes_flush_and_l0() {
         let p = policy();
         let at = AdaptiveConfig::default().promote_at;
-        let x = p.compute(16.0 * MIB, 5000.0, 56.0 * MIB, at, Some(0.0), true, true);
+        // Clients use 16: left = 44, all of it for flush and L0 (the calm
+        // budget would be 20).
+        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, l0(at), Some(0.0), true, true);
         assert_eq!(x.mode, AdaptiveMode::Promoted);
-        assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite());
-        assert_eq!(x.b_ln / MIB, 4.0);
-        // Pressed but not contended: everything unlimited, the debt drains.
-        let x = p.compute(1.0 * MIB, 100.0, 56.0 * MIB, at * 2.0, None, false, false);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (22.0, 22.0, 4.0));
+        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, l0(at), Some(0.0), false, true);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 44.0, 4.0));
+        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, l0(at * 0.99), Some(0.0), true, true);
+        assert_eq!(x.mode, AdaptiveMode::Contended);
+        // Full memtables count as L0 files do ...
+        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, Pressure::new(0.0, 1.0, 0.0), Some(0.0), true, false);
+        assert_eq!(x.mode, AdaptiveMode::Promoted);
+        // ... deep-level debt does not: it raises the budget instead.
+        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, backlog(3.0), Some(0.0), true, true);
+        assert_eq!(x.mode, AdaptiveMode::Contended);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (22.0, 22.0, 4.0));
+        let x = p.compute(1.0 * MIB, 100.0, 10.0 * MIB, l0(at * 2.0), None, false, false);
         assert_eq!(x.mode, AdaptiveMode::Draining);
-        assert!(x.b_ln.is_infinite());
+        assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite());
     }
 }
