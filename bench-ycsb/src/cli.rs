@@ -814,6 +814,41 @@ fn figures(a: FiguresArgs) -> Result<()> {
     Ok(())
 }
 
+/// `report` on a `figures` directory: re-makes each run's table and plots
+/// and `figures.md`, keeping the command and time its first version named.
+fn refigure(dir: &Path) -> Result<()> {
+    let old = std::fs::read_to_string(dir.join("figures.md")).map_err(Error::io("reading figures.md"))?;
+    let line = old.lines().find(|l| l.starts_with("- Command: `")).unwrap_or("");
+    let command = line.trim_start_matches("- Command: `").split('`').next().unwrap_or("").to_owned();
+    let minutes: f64 = line
+        .rsplit_once('(')
+        .and_then(|(_, t)| t.split_whitespace().next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0.0);
+    let mut done = Vec::new();
+    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(Error::io(format!("reading {}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("summary.json").exists())
+        .collect();
+    // In the order the figures ran: workload as given is unknown here, so
+    // the first version's order of sections.
+    subdirs.sort_by_key(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let (w, start) = name.rsplit_once('-').unwrap_or((&name, ""));
+        (old.find(&format!("## {w} ({start} start)")).unwrap_or(usize::MAX), name.clone())
+    });
+    for sub in subdirs {
+        let r = report::read(&sub)?;
+        report::write_all(&r, &sub)?;
+        done.push((sub, r));
+    }
+    let md = report::figures_md(&done, dir, &command, Duration::from_secs_f64(minutes * 60.0));
+    std::fs::write(dir.join("figures.md"), md).map_err(Error::io("writing figures.md"))?;
+    println!("figures.md re-made in {}", dir.display());
+    Ok(())
+}
+
 fn command_line() -> String {
     let mut s = String::new();
     for (i, a) in std::env::args().enumerate() {
@@ -854,6 +889,9 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
             let _ = std::fs::remove_dir_all(&a.db);
             load_base(&w, &DbOptions::default(), &a.db, a.workload.seed, &Progress::new(false)).map(drop)
         }),
+        Command::Report { dir } if !dir.join("summary.json").exists() && dir.join("figures.md").exists() => {
+            refigure(&dir)
+        }
         Command::Report { dir } => report::read(&dir).and_then(|r| {
             report::write_all(&r, &dir)?;
             println!("{}", report::table(&r));

@@ -483,8 +483,12 @@ pub struct Medians {
     pub p50_us: f64,
     /// p99, µs.
     pub p99_us: f64,
+    /// The lowest and highest p99 over the repeats, µs.
+    pub p99_range_us: (f64, f64),
     /// p99.9, µs.
     pub p999_us: f64,
+    /// The lowest and highest p99.9 over the repeats, µs.
+    pub p999_range_us: (f64, f64),
     /// p99 over the peaks, µs (NaN when the profile has none).
     pub peak_p99_us: f64,
     /// Total write stall, s.
@@ -510,7 +514,9 @@ pub fn medians(report: &BenchReport) -> Vec<Medians> {
                 throughput_ops: m(&|r| r.throughput_ops),
                 p50_us: m(&|r| r.p50_us as f64),
                 p99_us: m(&|r| r.p99_us as f64),
+                p99_range_us: range(rs.iter().map(|r| r.p99_us as f64)),
                 p999_us: m(&|r| r.p999_us as f64),
+                p999_range_us: range(rs.iter().map(|r| r.p999_us as f64)),
                 peak_p99_us: m(&|r| r.phase_p99("peak").map_or(f64::NAN, |v| v as f64)),
                 stall_s: m(&|r| r.stall_us as f64 / 1e6),
                 longest_stall_ms: m(&|r| r.longest_stall_us as f64 / 1e3),
@@ -521,6 +527,30 @@ pub fn medians(report: &BenchReport) -> Vec<Medians> {
             }
         })
         .collect()
+}
+
+/// The lowest and the highest of `v` (NaN when empty).
+fn range(v: impl Iterator<Item = f64>) -> (f64, f64) {
+    v.fold((f64::NAN, f64::NAN), |(lo, hi), x| (lo.min(x), hi.max(x)))
+}
+
+/// Milliseconds from µs, with more digits for small values.
+fn ms(us: f64) -> String {
+    let v = us / 1e3;
+    if v.is_nan() {
+        "-".into()
+    } else if v < 10.0 {
+        format!("{v:.2}")
+    } else if v < 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// `median [min-max]` in ms.
+fn ms_spread(median: f64, (lo, hi): (f64, f64), repeats: usize) -> String {
+    if repeats > 1 { format!("{} [{}-{}]", ms(median), ms(lo), ms(hi)) } else { ms(median) }
 }
 
 fn num(v: f64, prec: usize) -> String {
@@ -554,6 +584,10 @@ pub fn table(report: &BenchReport) -> String {
     if kernel {
         let _ = write!(s, " {:>9}", "kernel w");
     }
+    let spread = meds.iter().any(|m| m.repeats > 1);
+    if spread {
+        let _ = write!(s, "  {:<24}", "p99 ms [min-max]");
+    }
     s.push('\n');
     for (m, (_, rs)) in meds.iter().zip(&groups) {
         let _ = write!(
@@ -577,6 +611,9 @@ pub fn table(report: &BenchReport) -> String {
         if kernel {
             let flag = if m.low_charge { " LOW" } else { "" };
             let _ = write!(s, " {:>9}", format!("{}%{flag}", num(m.write_charged * 100.0, 0)));
+        }
+        if spread {
+            let _ = write!(s, "  {:<24}", ms_spread(m.p99_us, m.p99_range_us, m.repeats));
         }
         s.push('\n');
     }
@@ -874,7 +911,7 @@ pub fn figures_md(
     let _ = writeln!(s, "- Settings and RocksDB options: {}", first.config);
     let _ = writeln!(
         s,
-        "- Latency is measured from each request's scheduled time (open loop). Figures are medians over each system's repeats; plots show the first repeat.\n"
+        "- Latency is measured from each request's scheduled time (open loop). Figures are medians over each system's repeats, with the lowest and highest repeat in brackets; plots show the first repeat.\n"
     );
     // One overview: p99 and throughput against plain RocksDB, per workload and start.
     let _ = writeln!(s, "## Overview: p99 (and throughput) as a ratio to plain `rocksdb`\n");
@@ -900,12 +937,12 @@ pub fn figures_md(
             let base = ms.iter().find(|m| m.name == "rocksdb");
             let cell = match (ms.iter().find(|m| &m.name == name), base) {
                 (Some(m), Some(b)) => format!(
-                    "{:.3}x p99 ({:.0} ms), {:.3}x ops/s",
+                    "{:.3}x p99 ({} ms), {:.3}x ops/s",
                     m.p99_us / b.p99_us,
-                    m.p99_us / 1e3,
+                    ms_spread(m.p99_us, m.p99_range_us, m.repeats),
                     m.throughput_ops / b.throughput_ops
                 ),
-                (Some(m), None) => format!("{:.0} ms p99", m.p99_us / 1e3),
+                (Some(m), None) => format!("{} ms p99", ms_spread(m.p99_us, m.p99_range_us, m.repeats)),
                 _ => "-".into(),
             };
             let _ = write!(s, " {cell} |");
