@@ -283,11 +283,11 @@ impl Samples {
                 bytes[k] += sj.bytes[k].saturating_sub(si.bytes[k]) as f64;
                 ops[k] += sj.ops[k].saturating_sub(si.ops[k]) as f64;
             }
-            for k in 0..2 {
-                charged[k] += sj.charged[k].saturating_sub(si.charged[k]) as f64;
+            for (acc, (now, then)) in charged.iter_mut().zip(sj.charged.iter().zip(si.charged)) {
+                *acc += now.saturating_sub(then) as f64;
             }
-            for k in 0..3 {
-                ticks[k] += sj.cpu[k].saturating_sub(si.cpu[k]) as f64;
+            for (acc, (now, then)) in ticks.iter_mut().zip(sj.cpu.iter().zip(si.cpu)) {
+                *acc += now.saturating_sub(then) as f64;
             }
             window_s += sj.t_us.saturating_sub(si.t_us).max(1) as f64 * 1e-6;
         }
@@ -303,8 +303,8 @@ impl Samples {
             a.class_bps[k] = if window_s > 0.0 { bytes[k] / window_s } else { 0.0 };
             a.class_request_bytes[k] = if ops[k] > 0.0 { bytes[k] / ops[k] } else { 0.0 };
         }
-        for k in 0..2 {
-            a.charged_bps[k] = if window_s > 0.0 { charged[k] / window_s } else { 0.0 };
+        for (out, c) in a.charged_bps.iter_mut().zip(charged) {
+            *out = if window_s > 0.0 { c / window_s } else { 0.0 };
         }
         if ticks[2] > 0.0 {
             a.machine_cpu_busy = ticks[0] / ticks[2];

@@ -509,7 +509,7 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         let measured = settle_and_run(b, &sys, cgroup.as_ref(), &label, progress, &clock);
         stop_attribution.store(true, std::sync::atomic::Ordering::Release);
         let samples = sampler.join().map_err(|_| Error::Usage("the attribution sampler panicked".into()));
-        let rep = measured.and_then(|m| Ok(report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?)?));
+        let rep = measured.and_then(|m| report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?));
         // The end-of-run debt, and the time to pay it (on the same device,
         // with the system's controller still running), after the run's
         // counters were read.
