@@ -71,27 +71,20 @@ struct Sample {
     cpu: [u64; 3],
 }
 
-/// Reads the `cpu` line of `/proc/stat` (pread on a file kept open).
-struct CpuClock {
-    file: Option<std::fs::File>,
-    buf: [u8; 256],
-}
+/// Reads the `cpu` line of `/proc/stat`.
+struct CpuClock(crate::runner::ProcFile<256>);
 
 impl CpuClock {
     fn open() -> Self {
-        CpuClock { file: std::fs::File::open("/proc/stat").ok(), buf: [0; 256] }
+        CpuClock(crate::runner::ProcFile::open("/proc/stat"))
     }
 
     fn read(&mut self) -> [u64; 3] {
-        use std::os::unix::fs::FileExt as _;
-        let Some(f) = &self.file else { return [0; 3] };
-        let n = f.read_at(&mut self.buf, 0).unwrap_or(0);
-        let line = std::str::from_utf8(&self.buf[..n]).ok().and_then(|t| t.lines().next()).unwrap_or("");
-        let v: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect();
-        let f = |i: usize| v.get(i).copied().unwrap_or(0);
         // user nice system idle iowait irq softirq steal
-        let busy = f(0) + f(1) + f(2) + f(5) + f(6);
-        [busy, f(7), busy + f(3) + f(4) + f(7)]
+        let mut f = [0u64; 8];
+        self.0.numbers(1, &mut f);
+        let busy = f[0] + f[1] + f[2] + f[5] + f[6];
+        [busy, f[7], busy + f[3] + f[4] + f[7]]
     }
 }
 

@@ -44,17 +44,6 @@ fn prop(db: &DB, name: &str) -> u64 {
     db.property_int_value(name).ok().flatten().unwrap_or(0)
 }
 
-fn busy(db: &DB) -> bool {
-    [
-        "rocksdb.compaction-pending",
-        "rocksdb.num-running-compactions",
-        "rocksdb.num-running-flushes",
-        "rocksdb.mem-table-flush-pending",
-    ]
-    .iter()
-    .any(|p| prop(db, p) != 0)
-}
-
 /// Reads the debt, then drains it (at most `timeout`).
 pub fn measure(db: &DB, options: &DbOptions, timeout: Duration) -> Debt {
     let mut d = Debt {
@@ -73,7 +62,7 @@ pub fn measure(db: &DB, options: &DbOptions, timeout: Duration) -> Debt {
         let start = Instant::now();
         let mut quiet = 0;
         loop {
-            quiet = if busy(db) { 0 } else { quiet + 1 };
+            quiet = if crate::runner::has_background_work(db) { 0 } else { quiet + 1 };
             // Twice in a row, 50 ms apart: a job that just ended may have
             // scheduled the next one.
             if quiet >= 2 {
@@ -101,13 +90,9 @@ impl Debt {
     }
 
     /// Whether this debt is above [`FLAG_RATIO`] times `plain`'s (plain
-    /// RocksDB's in the same run). A floor of one memtable keeps a handful
-    /// of bytes against zero from counting.
-    pub fn flagged(&self, plain: &Debt, o: &DbOptions) -> bool {
-        self.score(o) > FLAG_RATIO * plain.score(o).max(o.write_buffer_size as f64)
-    }
-
-    /// [`Debt::flagged`] from the scores recorded with the run.
+    /// RocksDB's in the same run), from the scores recorded with the runs.
+    /// A floor of one memtable keeps a handful of bytes against zero from
+    /// counting.
     pub fn flagged_against(&self, plain: &Debt) -> bool {
         self.score_bytes > FLAG_RATIO * plain.score_bytes.max(self.memtable_bytes as f64)
     }
@@ -121,17 +106,24 @@ mod tests {
     fn scores_and_flags() {
         let o = DbOptions::default();
         let m = o.write_buffer_size as f64;
-        let plain = Debt { pending_compaction_bytes: 100 << 20, l0_files: 2, ..Debt::default() };
+        // As `measure` records them: the score with the run's options.
+        let scored = |d: Debt| Debt { score_bytes: d.score(&o), memtable_bytes: o.write_buffer_size as u64, ..d };
+        let plain = scored(Debt { pending_compaction_bytes: 100 << 20, l0_files: 2, ..Debt::default() });
         assert_eq!(plain.score(&o), (100 << 20) as f64);
-        let same = Debt { pending_compaction_bytes: 120 << 20, l0_files: 4, ..Debt::default() };
-        assert!(!same.flagged(&plain, &o));
+        let same = scored(Debt { pending_compaction_bytes: 120 << 20, l0_files: 4, ..Debt::default() });
+        assert!(!same.flagged_against(&plain));
         // 6 L0 files: 2 over the trigger, each a memtable's worth.
-        let more = Debt { pending_compaction_bytes: 100 << 20, l0_files: 6, immutable_memtables: 1, ..Debt::default() };
+        let more = scored(Debt {
+            pending_compaction_bytes: 100 << 20,
+            l0_files: 6,
+            immutable_memtables: 1,
+            ..Debt::default()
+        });
         assert_eq!(more.score(&o), (100 << 20) as f64 + 3.0 * m);
-        assert!(more.flagged(&plain, &o));
+        assert!(more.flagged_against(&plain));
         // Against no debt at all, less than 1.25 memtables is not flagged.
-        let none = Debt::default();
-        assert!(!Debt { pending_compaction_bytes: 1 << 20, ..Debt::default() }.flagged(&none, &o));
-        assert!(Debt { pending_compaction_bytes: 64 << 20, ..Debt::default() }.flagged(&none, &o));
+        let none = scored(Debt::default());
+        assert!(!scored(Debt { pending_compaction_bytes: 1 << 20, ..Debt::default() }).flagged_against(&none));
+        assert!(scored(Debt { pending_compaction_bytes: 64 << 20, ..Debt::default() }).flagged_against(&none));
     }
 }

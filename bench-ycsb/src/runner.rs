@@ -82,27 +82,47 @@ pub struct RequestRecord {
     pub op: Op,
 }
 
-/// The calling thread's run-queue wait (`/proc/thread-self/schedstat`,
-/// second field, ns), read with `pread` from a file kept open.
-struct RunQueueClock {
+/// A `/proc` file kept open and read from its start with `pread`, into a
+/// buffer of its own (no allocation per read): the run-queue clock here,
+/// the CPU clock of [`crate::attribution`].
+pub(crate) struct ProcFile<const N: usize> {
     file: Option<std::fs::File>,
-    buf: [u8; 96],
+    buf: [u8; N],
 }
+
+impl<const N: usize> ProcFile<N> {
+    /// Opens `path`; a file that cannot be opened reads as empty.
+    pub(crate) fn open(path: &str) -> Self {
+        ProcFile { file: std::fs::File::open(path).ok(), buf: [0; N] }
+    }
+
+    /// The first line, whitespace-split numbers from field `skip` on, into
+    /// `out` (missing or unreadable fields: 0).
+    pub(crate) fn numbers(&mut self, skip: usize, out: &mut [u64]) {
+        use std::os::unix::fs::FileExt as _;
+        out.fill(0);
+        let Some(f) = &self.file else { return };
+        let n = f.read_at(&mut self.buf, 0).unwrap_or(0);
+        let line = std::str::from_utf8(&self.buf[..n]).ok().and_then(|t| t.lines().next()).unwrap_or("");
+        for (o, v) in out.iter_mut().zip(line.split_whitespace().skip(skip)) {
+            *o = v.parse().unwrap_or(0);
+        }
+    }
+}
+
+/// The calling thread's run-queue wait (`/proc/thread-self/schedstat`,
+/// second field, ns).
+struct RunQueueClock(ProcFile<96>);
 
 impl RunQueueClock {
     fn open() -> Self {
-        RunQueueClock { file: std::fs::File::open("/proc/thread-self/schedstat").ok(), buf: [0; 96] }
+        RunQueueClock(ProcFile::open("/proc/thread-self/schedstat"))
     }
 
     fn wait_ns(&mut self) -> u64 {
-        use std::os::unix::fs::FileExt as _;
-        let Some(f) = &self.file else { return 0 };
-        let n = f.read_at(&mut self.buf, 0).unwrap_or(0);
-        std::str::from_utf8(&self.buf[..n])
-            .ok()
-            .and_then(|t| t.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        let mut v = [0u64; 1];
+        self.0.numbers(1, &mut v);
+        v[0]
     }
 }
 
@@ -382,24 +402,27 @@ pub fn load(path: &Path, options: &rocksdb::Options, workload: &Workload, thread
     Ok(db)
 }
 
+/// Whether RocksDB reports a pending or running flush or compaction (a
+/// property it cannot read counts as work).
+pub fn has_background_work(db: &DB) -> bool {
+    [
+        "rocksdb.compaction-pending",
+        "rocksdb.num-running-compactions",
+        "rocksdb.num-running-flushes",
+        "rocksdb.mem-table-flush-pending",
+    ]
+    .iter()
+    .any(|p| db.property_int_value(*p).ok().flatten().unwrap_or(1) != 0)
+}
+
 /// Waits until RocksDB reports no pending or running flush or compaction
 /// (twice in a row, 200 ms apart), for a warm start. Returns how long that
 /// took, or `None` when `timeout` passed first.
 pub fn settle(db: &DB, timeout: Duration) -> Option<Duration> {
     let start = Instant::now();
-    let busy = || {
-        [
-            "rocksdb.compaction-pending",
-            "rocksdb.num-running-compactions",
-            "rocksdb.num-running-flushes",
-            "rocksdb.mem-table-flush-pending",
-        ]
-        .iter()
-        .any(|p| db.property_int_value(*p).ok().flatten().unwrap_or(1) != 0)
-    };
     let mut quiet_checks = 0;
     loop {
-        quiet_checks = if busy() { 0 } else { quiet_checks + 1 };
+        quiet_checks = if has_background_work(db) { 0 } else { quiet_checks + 1 };
         if quiet_checks >= 2 {
             return Some(start.elapsed());
         }

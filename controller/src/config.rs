@@ -111,10 +111,7 @@ impl PressureConfig {
 
     /// 0 at or below `from`, 1 at or above `to`.
     pub fn ramp(&self, pressure: f64) -> f64 {
-        if !pressure.is_finite() {
-            return if pressure > 0.0 { 1.0 } else { 0.0 };
-        }
-        ((pressure - self.from) / (self.to - self.from)).clamp(0.0, 1.0)
+        crate::policy::ramp(pressure, self.from, self.to)
     }
 }
 
@@ -214,10 +211,7 @@ impl AdaptiveConfig {
 
     /// 0 at or below `ramp_from`, 1 at or above `ramp_to`, linear between.
     pub fn ramp(&self, pressure: f64) -> f64 {
-        if !pressure.is_finite() {
-            return if pressure > 0.0 { 1.0 } else { 0.0 };
-        }
-        ((pressure - self.ramp_from) / (self.ramp_to - self.ramp_from)).clamp(0.0, 1.0)
+        crate::policy::ramp(pressure, self.ramp_from, self.ramp_to)
     }
 }
 

@@ -36,7 +36,9 @@ use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Decision, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, Setting};
+use super::{
+    Decision, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, Setting, drls_for,
+};
 use crate::config::AdaptiveConfig;
 
 /// What the policy did for an instance in a cycle.
@@ -102,15 +104,6 @@ const FG_OPS_SMOOTHING: std::time::Duration = std::time::Duration::from_millis(2
 pub struct Adaptive {
     config: AdaptiveConfig,
     state: Vec<(InstanceKey, InstanceState)>,
-}
-
-/// The DRLs that requests of `ctx` reach.
-fn drls_for(info: &kv_stage::StageInfo, ctx: C) -> Vec<ObjectRef> {
-    info.objects_for_context(ctx)
-        .into_iter()
-        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::ObjectKind::Drl))
-        .map(|(c, o)| ObjectRef::new(c, o))
-        .collect()
 }
 
 impl Adaptive {
@@ -303,11 +296,6 @@ impl Policy for Adaptive {
             notes.push(self.decide_one(v, now_s, &mut settings));
         }
         Ok(Decision { settings, notes: serde_json::Value::Array(notes) })
-    }
-
-    fn instance_left(&mut self, _name: &str) {
-        // Keys are never reused; a left instance's state is small and goes
-        // with the policy.
     }
 }
 

@@ -200,6 +200,25 @@ pub struct Decision {
     pub notes: serde_json::Value,
 }
 
+/// The DRLs that requests of `ctx` reach, in a stage's layout (how SILK and
+/// the default controller find their flush, L0 and LN objects).
+fn drls_for(info: &StageInfo, ctx: RequestContext) -> Vec<ObjectRef> {
+    info.objects_for_context(ctx)
+        .into_iter()
+        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::ObjectKind::Drl))
+        .map(|(c, o)| ObjectRef::new(c, o))
+        .collect()
+}
+
+/// 0 at or below `from`, 1 at or above `to`, linear between (+inf: 1;
+/// NaN, -inf: 0): how far a pressure reading is along a ramp.
+pub(crate) fn ramp(pressure: f64, from: f64, to: f64) -> f64 {
+    if !pressure.is_finite() {
+        return if pressure > 0.0 { 1.0 } else { 0.0 };
+    }
+    ((pressure - from) / (to - from)).clamp(0.0, 1.0)
+}
+
 /// A control policy.
 pub trait Policy: Send {
     /// Name for logs.

@@ -19,7 +19,7 @@ use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Decision, InstanceView, ObjectRef, Observation, Policy, PolicyError, Setting};
+use super::{Decision, InstanceView, ObjectRef, Observation, Policy, PolicyError, Setting, drls_for};
 use crate::config::{PressureConfig, SilkConfig};
 
 /// Which branch of Algorithm 1 a cycle took.
@@ -114,15 +114,6 @@ impl Silk {
         };
         SilkInputs { fg, flush_active, l0_active, left, pressure, budget, branch, b_flush, b_l0, b_ln }
     }
-}
-
-/// The DRLs that requests of `ctx` reach.
-fn drls_for(info: &kv_stage::StageInfo, ctx: C) -> Vec<ObjectRef> {
-    info.objects_for_context(ctx)
-        .into_iter()
-        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::ObjectKind::Drl))
-        .map(|(c, o)| ObjectRef::new(c, o))
-        .collect()
 }
 
 /// The DRLs that requests of `ctx` from the instances with an active job of
