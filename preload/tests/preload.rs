@@ -52,10 +52,15 @@ fn fio_jobs_on_three_limited_volumes_and_an_unlimited_one() {
     }
     eprintln!("u alone without the library: {:.0} IOPS", alone[0].iops);
     let e = [err_pct(got[0].bw_bytes, 4.0 * MIB), err_pct(got[1].iops, 300.0), err_pct(got[2].bw_bytes, 16.0 * MIB)];
-    // 4 s runs: the 10 ms burst alone is 0.25% of them; 2% leaves room for
-    // fio's own start and stop on a shared machine.
+    // 4 s runs: the 10 ms burst alone is 0.25% of them; 2% over leaves room
+    // for fio's own start and stop. Below the limit is the disk's doing, not
+    // the limiter's: a direct write that takes longer than the 10 ms burst
+    // (a fresh CI machine writes back gigabytes of build output meanwhile)
+    // lets tokens overflow, as the kernel's throttle also falls short on a
+    // saturated device. 25% under still tells a wrong rate (half or double)
+    // from the right one.
     for (name, e) in ["wbps", "riops", "rbps"].iter().zip(e) {
-        assert!(e.abs() < 2.0, "{name}: {e:+.2}% off its limit");
+        assert!(e < 2.0 && e > -25.0, "{name}: {e:+.2}% off its limit");
     }
     // Unlimited: not throttled (a limit would hold it to a few thousand IOPS);
     // the 5% figure is measured by fio_compare over 20 s, not asserted on a
@@ -102,17 +107,20 @@ fn a_limit_changes_live_while_fio_runs() {
     }
     assert!(v.len() >= 7 && z.len() >= 7, "{v:?} {z:?}");
     // Seconds 1-3 at 4 MiB/s; the change lands 3.5 s (fio starts its clock
-    // a little after the process) in; from second 5 on, 8 MiB/s.
+    // a little after the process) in; from second 5 on, 8 MiB/s. At most 5%
+    // over in any second; under, up to 25% (the disk's doing, see above:
+    // here `z` writes as fast as the disk goes beside `v` until its limit).
+    let near = |x: f64, want: f64| (-25.0..5.0).contains(&err_pct(x, want));
     for (i, x) in v.iter().enumerate().take(3) {
-        assert!(err_pct(*x, 4096.0).abs() < 5.0, "v, second {}: {x} KiB/s, want 4096", i + 1);
+        assert!(near(*x, 4096.0), "v, second {}: {x} KiB/s, want 4096", i + 1);
     }
     for (i, x) in v.iter().enumerate().skip(5).take(2) {
-        assert!(err_pct(*x, 8192.0).abs() < 5.0, "v, second {}: {x} KiB/s, want 8192", i + 1);
+        assert!(near(*x, 8192.0), "v, second {}: {x} KiB/s, want 8192", i + 1);
     }
     // z: as fast as the disk goes, then 2 MiB/s.
     assert!(z[0] > 2.0 * 2048.0, "z before its limit: {z:?}");
     for (i, x) in z.iter().enumerate().skip(5).take(2) {
-        assert!(err_pct(*x, 2048.0).abs() < 5.0, "z, second {}: {x} KiB/s, want 2048", i + 1);
+        assert!(near(*x, 2048.0), "z, second {}: {x} KiB/s, want 2048", i + 1);
     }
 }
 
