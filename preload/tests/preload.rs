@@ -106,12 +106,15 @@ fn a_limit_changes_live_while_fio_runs() {
         assert!((0.0..100.0).contains(&lag_ms), "{lag_ms} ms");
     }
     assert!(v.len() >= 7 && z.len() >= 7, "{v:?} {z:?}");
-    // Seconds 1-3 at 4 MiB/s; the change lands 3.5 s (fio starts its clock
-    // a little after the process) in; from second 5 on, 8 MiB/s. At most 5%
-    // over in any second; under, up to 25% (the disk's doing, see above:
-    // here `z` writes as fast as the disk goes beside `v` until its limit).
+    // The change lands 3.5 s after the processes start; fio starts its clock
+    // later, by up to a second and more on a busy machine (a fresh CI
+    // machine ran its third second across the change: 4,860 KiB/s). So
+    // seconds 1-2 at 4 MiB/s (whatever fio's start-up took, up to 1.5 s),
+    // and from second 6 on, 8 MiB/s. At most 5% over in any second; under,
+    // up to 25% (the disk's doing, see above: here `z` writes as fast as the
+    // disk goes beside `v` until its limit).
     let near = |x: f64, want: f64| (-25.0..5.0).contains(&err_pct(x, want));
-    for (i, x) in v.iter().enumerate().take(3) {
+    for (i, x) in v.iter().enumerate().take(2) {
         assert!(near(*x, 4096.0), "v, second {}: {x} KiB/s, want 4096", i + 1);
     }
     for (i, x) in v.iter().enumerate().skip(5).take(2) {
