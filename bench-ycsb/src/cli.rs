@@ -80,11 +80,12 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct WorkloadArgs {
-    /// Built-in workload (a-f, mixture, read-heavy, write-heavy) or a YCSB property file.
+    /// Built-in workload (a-f, mixture, read-heavy, write-heavy, longpeak) or a YCSB property file.
     #[arg(long, default_value = "mixture")]
     workload: String,
     /// Records to load [default: 400000 for a built-in workload, the file's
-    /// `recordcount` for a property file].
+    /// `recordcount` for a property file]; for `longpeak`, the key space
+    /// (5000000 by default), of which nothing is loaded.
     #[arg(long)]
     recordcount: Option<u64>,
     /// Seed of every random stream.
@@ -224,7 +225,9 @@ fn workload(args: &WorkloadArgs) -> Result<Workload> {
     }
     w.recordcount = match args.recordcount {
         Some(n) => n,
-        None if Workload::builtin(&args.workload).is_some() => DEFAULT_RECORDCOUNT,
+        // A built-in with a load of its own (longpeak: an empty DB over 5
+        // million keys) keeps its key space.
+        None if Workload::builtin(&args.workload).is_some_and(|b| b.insertcount.is_none()) => DEFAULT_RECORDCOUNT,
         None => w.recordcount,
     };
     w.validate()?;
@@ -285,12 +288,7 @@ fn install_interrupt_handler() {
 }
 
 fn load_base(w: &Workload, db: &DbOptions, path: &Path, seed: u64, progress: &Progress) -> Result<rocksdb::DB> {
-    progress.line(&format!(
-        "loading {} records of {} bytes into {} ...",
-        w.recordcount,
-        w.record_bytes(),
-        path.display()
-    ));
+    progress.line(&format!("loading {} records of {} bytes into {} ...", w.loaded(), w.record_bytes(), path.display()));
     let t = Instant::now();
     let base = runner::load(path, &db.rocksdb(), w, 2, seed)?;
     progress.line(&format!("loaded in {:.1}s", t.elapsed().as_secs_f64()));
@@ -687,7 +685,8 @@ fn run(a: RunArgs) -> Result<BenchReport> {
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
     let profile = Profile::parse(&a.sys.profile)?;
-    let cfg = system_config(&a.sys)?;
+    let mut cfg = system_config(&a.sys)?;
+    cfg.db = cfg.db.for_workload(&w);
     let progress = Progress::new(a.sys.quiet);
     let (data, kernel) = prepare(&a.sys, &a.out)?;
 
@@ -767,6 +766,7 @@ fn figures(a: FiguresArgs) -> Result<()> {
         if !a.sys.keep_data {
             cleanup_on_interrupt(&base_path);
         }
+        let cfg = SystemConfig { db: cfg.db.clone().for_workload(w), ..cfg.clone() };
         drop(load_base(w, &cfg.db, &base_path, a.seed, &progress)?);
         for &warm in &starts {
             let out = a.out.join(format!("{}-{}", w.name, if warm { "warm" } else { "cold" }));
@@ -887,7 +887,8 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
         Command::Figures(a) => figures(a),
         Command::Load(a) => workload(&a.workload).and_then(|w| {
             let _ = std::fs::remove_dir_all(&a.db);
-            load_base(&w, &DbOptions::default(), &a.db, a.workload.seed, &Progress::new(false)).map(drop)
+            load_base(&w, &DbOptions::default().for_workload(&w), &a.db, a.workload.seed, &Progress::new(false))
+                .map(drop)
         }),
         Command::Report { dir } if !dir.join("summary.json").exists() && dir.join("figures.md").exists() => {
             refigure(&dir)

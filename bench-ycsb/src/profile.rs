@@ -6,7 +6,9 @@
 //!   each (defaults: low-for 10s, period 20s, valley = low);
 //! * `file:PATH`: a schedule file of `seconds rate` lines (rates hold until
 //!   the next line's time; `#` comments);
-//! * a name from [`NAMED`]: `paper` (the default), `light`, `write-peaks`.
+//! * `steps:TIME=RATE,...`: the same schedule inline (`steps:0s=1000,10s=5000`);
+//! * a name from [`NAMED`]: `paper` (the default), `light`, `write-peaks`,
+//!   `longpeak`.
 
 use std::time::Duration;
 
@@ -74,6 +76,11 @@ pub const NAMED: &[(&str, &str, &str)] = &[
         "silk:low=1000,peak=10000,valley=1000,low-for=10s,period=20s",
         "peaks of 10,000 ops/s: with write-heavy, flushes and L0->L1 compactions need more than fixed thirds of KVS_B",
     ),
+    (
+        "longpeak",
+        "steps:0s=6200,10s=26000,60s=6200,70s=26000",
+        "SILK's db_bench longpeak shape (run 120s, with --workload longpeak): 10 s low, 50 s peak, 10 s low, 50 s peak",
+    ),
 ];
 
 impl Profile {
@@ -109,6 +116,22 @@ impl Profile {
                 let peak = peak.ok_or_else(|| bad(spec, "missing peak=RATE"))?;
                 Ok(Profile::Silk { low, low_for_s, peak, valley: valley.unwrap_or(low), period_s })
             }
+            "steps" => {
+                let mut text = String::new();
+                for step in args.split(',').filter(|s| !s.trim().is_empty()) {
+                    let (t, r) = step.split_once('=').ok_or_else(|| bad(spec, format!("'{step}' is not TIME=RATE")))?;
+                    let t = t.trim();
+                    // A bare number is seconds; else a duration (`10s`, `500ms`).
+                    let t = match t.parse::<f64>() {
+                        Ok(x) => x,
+                        Err(_) => kv_stage::units::parse_duration(t)
+                            .map_err(|e| bad(spec, format!("'{t}': {e}")))?
+                            .as_secs_f64(),
+                    };
+                    text.push_str(&format!("{t} {}\n", r.trim()));
+                }
+                Self::parse_schedule(spec, &text)
+            }
             "file" => {
                 let text =
                     std::fs::read_to_string(args).map_err(|e| bad(spec, format!("cannot read '{args}': {e}")))?;
@@ -117,7 +140,7 @@ impl Profile {
             _ => Err(bad(
                 spec,
                 format!(
-                    "expected constant:RATE, silk:low=..,peak=.., file:PATH, or a named profile ({})",
+                    "expected constant:RATE, silk:low=..,peak=.., steps:TIME=RATE,.., file:PATH, or a named profile ({})",
                     NAMED.iter().map(|n| n.0).collect::<Vec<_>>().join(", ")
                 ),
             )),
@@ -282,6 +305,23 @@ mod tests {
         let s = Profile::parse_schedule("s", "0 10\n# x\n5 20\n").unwrap();
         assert_eq!((s.rate_at(4.9), s.rate_at(5.0)), (10.0, 20.0));
         assert!(Profile::parse_schedule("s", "5 1\n2 1\n").unwrap_err().to_string().contains("line 2"));
+    }
+
+    #[test]
+    fn inline_steps_and_the_longpeak_shape() {
+        let p = Profile::parse("steps:0=10,2.5=20,500ms=5").unwrap_err();
+        assert!(p.to_string().contains("times must increase"), "{p}");
+        let p = Profile::parse("steps:0s=10,2.5=20,3s=5").unwrap();
+        assert_eq!((p.rate_at(0.0), p.rate_at(2.4), p.rate_at(2.5), p.rate_at(9.0)), (10.0, 10.0, 20.0, 5.0));
+        assert!(Profile::parse("steps:10").unwrap_err().to_string().contains("TIME=RATE"));
+        assert!(Profile::parse("steps:soon=10").unwrap_err().to_string().contains("soon"));
+        // 10 s low, 50 s peak, 10 s low, 50 s peak.
+        let lp = Profile::parse("longpeak").unwrap();
+        let at = |t: f64| lp.rate_at(t);
+        assert_eq!(
+            (at(5.0), at(10.0), at(59.9), at(60.0), at(69.9), at(70.0), at(119.9)),
+            (6200.0, 26000.0, 26000.0, 6200.0, 6200.0, 26000.0, 26000.0)
+        );
     }
 
     #[test]

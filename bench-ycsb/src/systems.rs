@@ -37,6 +37,7 @@ use rocksdb::DB;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::workload::Workload;
 
 /// A system under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -142,6 +143,8 @@ pub struct DbOptions {
     pub max_background_jobs: i32,
     /// Block cache size.
     pub block_cache_bytes: usize,
+    /// Bloom filter bits per key (0: no filter).
+    pub bloom_bits: f64,
     /// Direct I/O for reads, flush and compaction (on for a kernel device,
     /// so that the kernel charges the I/O to the run's cgroup).
     pub direct_io: bool,
@@ -168,6 +171,7 @@ impl Default for DbOptions {
             target_file_size_base: 16 << 20,
             max_background_jobs: 3,
             block_cache_bytes: 256 << 20,
+            bloom_bits: 0.0,
             direct_io: false,
             wal_bytes_per_sync: 0,
         }
@@ -190,12 +194,40 @@ impl DbOptions {
         o.set_compression_type(rocksdb::DBCompressionType::None);
         let mut t = rocksdb::BlockBasedOptions::default();
         t.set_block_cache(&rocksdb::Cache::new_lru_cache(self.block_cache_bytes));
+        if self.bloom_bits > 0.0 {
+            t.set_bloom_filter(self.bloom_bits, false);
+        }
         o.set_block_based_table_factory(&t);
         o.set_use_direct_reads(self.direct_io);
         o.set_use_direct_io_for_flush_and_compaction(self.direct_io);
         o.set_wal_bytes_per_sync(self.wal_bytes_per_sync);
         o.enable_statistics();
         o
+    }
+
+    /// The options for workload `w`: these, except for `longpeak`, which
+    /// gets the options of SILK's recipe for its db_bench test
+    /// (`../shared/peers/silk/run_silk.sh`): 64 MiB memtables x 4, two
+    /// flushes and two compactions, 10 bloom bits, db_bench's 8 MiB cache
+    /// and RocksDB's defaults for L0 (slowdown 20, stop 36), L1 (256 MiB)
+    /// and table files (64 MiB). The device's settings stay.
+    pub fn for_workload(self, w: &Workload) -> DbOptions {
+        if w.name != "longpeak" {
+            return self;
+        }
+        DbOptions {
+            write_buffer_size: 64 << 20,
+            max_write_buffer_number: 4,
+            level0_file_num_compaction_trigger: 4,
+            level0_slowdown_writes_trigger: 20,
+            level0_stop_writes_trigger: 36,
+            max_bytes_for_level_base: 256 << 20,
+            target_file_size_base: 64 << 20,
+            max_background_jobs: 4,
+            block_cache_bytes: 8 << 20,
+            bloom_bits: 10.0,
+            ..self
+        }
     }
 
     /// The options for `device`: direct I/O and WAL writeback by the
@@ -546,5 +578,17 @@ mod tests {
             let e = bad.parse::<DeviceSpec>().unwrap_err().to_string();
             assert!(e.contains(words), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn longpeak_gets_the_options_of_silks_recipe_and_keeps_the_device() {
+        let k: DeviceSpec = "kernel:rbps=64MiB,wbps=64MiB".parse().unwrap();
+        let base = DbOptions::for_device(&k);
+        let lp = base.clone().for_workload(&Workload::builtin("longpeak").unwrap());
+        assert_eq!((lp.write_buffer_size, lp.max_write_buffer_number, lp.max_background_jobs), (64 << 20, 4, 4));
+        assert_eq!((lp.bloom_bits, lp.block_cache_bytes), (10.0, 8 << 20));
+        assert_eq!((lp.direct_io, lp.wal_bytes_per_sync), (true, KERNEL_WAL_BYTES_PER_SYNC));
+        // Every other workload keeps the defaults.
+        assert_eq!(base.clone().for_workload(&Workload::builtin("mixture").unwrap()), base);
     }
 }

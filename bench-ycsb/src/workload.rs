@@ -43,8 +43,15 @@ pub enum LengthDistribution {
 pub struct Workload {
     /// Name (built-in name or file name).
     pub name: String,
-    /// Records loaded.
+    /// Records in the key space: what reads and updates choose among, and
+    /// what the load phase writes unless `insertcount` says fewer.
     pub recordcount: u64,
+    /// Records the load phase writes (YCSB's `insertcount`; `None`: all of
+    /// `recordcount`). Fewer than `recordcount` makes a sparse key space:
+    /// reads of the keys not loaded find nothing, updates create them, and
+    /// neither counts as an error (SILK's `longpeak` starts from an empty DB
+    /// so).
+    pub insertcount: Option<u64>,
     /// Operations of a run (used only to size the zipfian key space, as in
     /// YCSB; runs here are bounded by time).
     pub operationcount: u64,
@@ -90,6 +97,7 @@ impl Default for Workload {
         Workload {
             name: "default".into(),
             recordcount: 1000,
+            insertcount: None,
             operationcount: 1000,
             readproportion: 0.95,
             updateproportion: 0.05,
@@ -126,7 +134,6 @@ const IGNORED: &[&str] = &[
     "readallfields",
     "readallfieldsbyname",
     "insertstart",
-    "insertcount",
     "dataintegrity",
     "maxexecutiontime",
     "histogram.buckets",
@@ -137,7 +144,11 @@ const IGNORED: &[&str] = &[
 ];
 
 /// The built-in workload names.
-pub const BUILTIN: &[&str] = &["a", "b", "c", "d", "e", "f", "mixture", "read-heavy", "write-heavy"];
+pub const BUILTIN: &[&str] = &["a", "b", "c", "d", "e", "f", "mixture", "read-heavy", "write-heavy", "longpeak"];
+
+/// The key space of the built-in `longpeak` workload: db_bench's `--num` in
+/// SILK's recipe (`../shared/peers/silk/run_silk.sh`).
+pub const LONGPEAK_KEYS: u64 = 5_000_000;
 
 fn parse_properties(text: &str) -> BTreeMap<String, (usize, String)> {
     let mut out = BTreeMap::new();
@@ -159,7 +170,10 @@ impl Workload {
     /// A built-in workload: YCSB's core workloads `a`-`f` (also
     /// `workloada`...), and the Paio paper's `mixture` (50% reads, 50%
     /// updates), `read-heavy` (90/10) and `write-heavy` (10/90), all with
-    /// zipfian keys.
+    /// zipfian keys; and `longpeak`, shaped like SILK's db_bench test of that
+    /// name: 50% gets and 50% puts of whole 1 KB records, uniform over
+    /// [`LONGPEAK_KEYS`] keys of which none is loaded (an empty DB: most gets
+    /// miss, most puts insert).
     pub fn builtin(name: &str) -> Option<Workload> {
         let short = name.strip_prefix("workload").unwrap_or(name);
         let base = Workload {
@@ -192,6 +206,13 @@ impl Workload {
             "mixture" => mix(0.5, 0.5),
             "read-heavy" | "readheavy" => mix(0.9, 0.1),
             "write-heavy" | "writeheavy" => mix(0.1, 0.9),
+            "longpeak" => Workload {
+                recordcount: LONGPEAK_KEYS,
+                insertcount: Some(0),
+                requestdistribution: RequestDistribution::Uniform,
+                writeallfields: true,
+                ..mix(0.5, 0.5)
+            },
             _ => return None,
         })
     }
@@ -229,6 +250,7 @@ impl Workload {
         for (key, value) in &props {
             match key.as_str() {
                 "recordcount" => w.recordcount = int(key, value)?,
+                "insertcount" => w.insertcount = Some(int(key, value)?),
                 "operationcount" => w.operationcount = int(key, value)?,
                 "readproportion" => w.readproportion = prop(key, value)?,
                 "updateproportion" => w.updateproportion = prop(key, value)?,
@@ -306,6 +328,9 @@ impl Workload {
         if self.recordcount == 0 {
             return err("recordcount", "must be at least 1".into());
         }
+        if let Some(n) = self.insertcount.filter(|n| *n > self.recordcount) {
+            return err("insertcount", format!("{n} is more than recordcount ({})", self.recordcount));
+        }
         if self.fieldcount == 0 {
             return err("fieldcount", "must be at least 1".into());
         }
@@ -316,6 +341,17 @@ impl Workload {
             return err("minscanlength", format!("must be between 1 and maxscanlength ({})", self.maxscanlength));
         }
         Ok(())
+    }
+
+    /// Records the load phase writes.
+    pub fn loaded(&self) -> u64 {
+        self.insertcount.unwrap_or(self.recordcount)
+    }
+
+    /// Whether key number `k` exists once loaded: a loaded key, or one a
+    /// run inserts (numbered from `recordcount` on).
+    pub fn must_exist(&self, k: u64) -> bool {
+        k < self.loaded() || k >= self.recordcount
     }
 
     /// Bytes of one record (for constant field lengths).
@@ -481,6 +517,8 @@ pub struct RecordBuilder {
     fieldcount: u64,
     fieldlength: u64,
     lengths: LengthDistribution,
+    /// Updates rewrite every field (`writeallfields`).
+    all_fields: bool,
     /// Zipfian lengths `1..=fieldlength`, the shortest the most popular
     /// (YCSB's `ZipfianGenerator(1, fieldlength)`).
     zipf: Option<Zipfian>,
@@ -493,9 +531,16 @@ impl RecordBuilder {
             fieldcount: w.fieldcount,
             fieldlength: w.fieldlength,
             lengths: w.fieldlengthdistribution,
+            all_fields: w.writeallfields,
             zipf: (w.fieldlengthdistribution == LengthDistribution::Zipfian && w.fieldlength > 1)
                 .then(|| Zipfian::new(1, w.fieldlength)),
         }
+    }
+
+    /// Whether an update rewrites every field (so the old record is not
+    /// needed).
+    pub fn writes_all_fields(&self) -> bool {
+        self.all_fields
     }
 
     fn field_len(&self, rng: &mut Rng) -> usize {
@@ -613,6 +658,23 @@ mod tests {
             }
         }
         assert!((49_000..51_000).contains(&reads), "{reads}");
+    }
+
+    #[test]
+    fn longpeak_is_an_empty_db_over_five_million_keys() {
+        let w = Workload::builtin("longpeak").unwrap();
+        assert_eq!((w.recordcount, w.loaded(), w.readproportion, w.updateproportion), (LONGPEAK_KEYS, 0, 0.5, 0.5));
+        assert_eq!(w.record_bytes(), 1000);
+        // Nothing loaded: no key must exist, but one a run inserts does.
+        assert!(!w.must_exist(0) && !w.must_exist(LONGPEAK_KEYS - 1) && w.must_exist(LONGPEAK_KEYS));
+        assert!(RecordBuilder::new(&w).writes_all_fields());
+        // The other built-ins load every key.
+        let m = Workload::builtin("mixture").unwrap();
+        assert!(m.insertcount.is_none() && m.must_exist(m.recordcount - 1));
+        let (f, _) = Workload::from_properties("f", "recordcount=100\ninsertcount=10\n").unwrap();
+        assert_eq!(f.loaded(), 10);
+        let e = Workload::from_properties("f", "recordcount=100\ninsertcount=101\n").unwrap_err().to_string();
+        assert!(e.contains("insertcount") && e.contains("more than recordcount"), "{e}");
     }
 
     #[test]
