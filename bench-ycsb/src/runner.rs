@@ -377,8 +377,8 @@ pub fn run_with_clock(
 }
 
 /// Loads the workload's records (`insertcount`, else `recordcount`) into a
-/// new DB at `path` (no device: the load
-/// is set-up, not measured), then flushes. Returns the open DB.
+/// new DB at `path` (no device: the load is set-up, not measured), then
+/// flushes. Returns the open DB.
 pub fn load(path: &Path, options: &rocksdb::Options, workload: &Workload, threads: usize, seed: u64) -> Result<DB> {
     let db = DB::open(options, path)?;
     let next = AtomicU64::new(0);
