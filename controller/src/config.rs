@@ -163,9 +163,8 @@ pub struct AdaptiveConfig {
     /// Contention lasts this long after the last busy cycle.
     #[serde(default = "AdaptiveConfig::default_hold", with = "kv_stage::units::duration_str")]
     pub hold: Duration,
-    /// While contended, deep compactions running alone get `calm_share *
-    /// device_bandwidth` when the store has no backlog (flushes and L0
-    /// compactions get all that clients leave) ...
+    /// While contended, background work gets `calm_share * device_bandwidth`
+    /// when the store has no backlog ...
     #[serde(default = "AdaptiveConfig::default_calm_share")]
     pub calm_share: f64,
     /// ... and more from this store pressure on ...

@@ -238,51 +238,36 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(unlimited());
-    // A job runs and floods the device (256 KiB requests, as fast as its
-    // DRL lets them through), bounded in time.
-    let flood = |ctx: C, phase: &dyn Fn()| {
-        stage.job_started(InstanceId(0), ctx);
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let (stage, stop) = (&stage, &stop);
-            s.spawn(move || {
-                let _scope = kv_stage::ContextScope::enter(ctx);
-                let until = std::time::Instant::now() + Duration::from_secs(30);
-                while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
-                    stage.enforce(&Context::new(RequestType::Write, 256 << 10)).unwrap();
-                }
-            });
-            phase();
-            stop.store(true, Ordering::Relaxed);
+    // A flush runs and floods the device (256 KiB requests, as fast as
+    // the flush DRL lets them through), bounded in time.
+    stage.job_started(InstanceId(0), C::BG_FLUSH);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (stage, stop) = (&stage, &stop);
+        s.spawn(move || {
+            let _scope = kv_stage::ContextScope::enter(C::BG_FLUSH);
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                stage.enforce(&Context::new(RequestType::Write, 256 << 10)).unwrap();
+            }
         });
-        stage.job_finished(InstanceId(0), ctx);
-    };
-    // A flush: the ingest path gets all that clients leave (all of D: no
-    // foreground), L0 and LN the floor.
-    flood(C::BG_FLUSH, &|| {
-        wait("busy: the flush at what clients leave", &|| {
+        wait("busy: the flush at the calm budget", &|| {
+            (rate("flush", "drl") - 20.0).abs() < 1e-6
+                && rate("compaction", "l0") == 4.0
+                && rate("compaction", "ln") == 4.0
+        });
+        // A stall nears: the flush gets all of D (no foreground), L0 and
+        // LN the floor.
+        pressure.store(0.95f64.to_bits(), Ordering::Relaxed);
+        wait("promoted", &|| {
             (rate("flush", "drl") - 60.0).abs() < 1e-6
                 && rate("compaction", "l0") == 4.0
                 && rate("compaction", "ln") == 4.0
-        })
-    });
-    // A deep compaction alone: held to the calm budget (a third of D).
-    flood(C::BG_COMPACTION_L1_L2, &|| {
-        wait("busy: a deep compaction at the calm budget", &|| {
-            (rate("compaction", "ln") - 20.0).abs() < 1e-6
-                && rate("flush", "drl") == 4.0
-                && rate("compaction", "l0") == 4.0
-        });
-        // A stall nears: flushes and L0 get what clients leave, split, and
-        // the deep compaction the floor.
-        pressure.store(0.95f64.to_bits(), Ordering::Relaxed);
-        wait("promoted", &|| {
-            (rate("flush", "drl") - 30.0).abs() < 1e-6
-                && (rate("compaction", "l0") - 30.0).abs() < 1e-6
-                && rate("compaction", "ln") == 4.0
         });
         pressure.store(0f64.to_bits(), Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
     });
+    stage.job_finished(InstanceId(0), C::BG_FLUSH);
     // Quiet again: unlimited after the hold.
     wait("healthy again", &unlimited);
     let log = ctl.stop();

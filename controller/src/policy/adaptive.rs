@@ -7,24 +7,18 @@
 //! 1. **Healthy: no limit.** Unless the instance is contended, every
 //!    background DRL is unlimited: the store runs as plain RocksDB would,
 //!    and a flush or compaction finishes as fast as the device lets it.
-//! 2. **Contended: SILK's priorities.** A cycle is busy when the
+//! 2. **Contended: SILK's split of a budget.** A cycle is busy when the
 //!    store's traffic (every context) is at least `busy_share` of the
 //!    device budget `D`, or when clients make at least
 //!    `busy_foreground_ops` requests per second (averaged over 200 ms), or
 //!    when a limit it set binds (a background request waits in its DRL);
 //!    the instance stays contended for `hold` after the last busy cycle. Then
-//!    flushes and L0->L1 compactions get all that clients leave,
-//!    `left = max(D - Fg, min_B)`, split between them as Algorithm 1
-//!    splits `left_B`: they are the ingest path, and what clients write
-//!    must pass through them, so holding them lower only moves the cost to
-//!    a write stall later (it did: with a calm budget for them too, SILK's
-//!    `longpeak` shape stalled writes 0.9-1.5 s a run and the write-peaks
-//!    profile had a p99 of 130 ms where SILK's was 1.9 ms). Deeper
-//!    compactions get `min_B` while those run, and when they run alone a
-//!    budget between a calm share of `D` (`calm_share`, with no backlog) and
-//!    `left` as the store's pressure goes from `ramp_from` to `ramp_to`:
-//!    that is where holding back pays, since their debt can wait for the
-//!    next quiet moment.
+//!    background work gets a budget between a calm share of `D`
+//!    (`calm_share`, with no backlog) and all that clients leave,
+//!    `left = max(D - Fg, min_B)` (as the store's pressure goes from
+//!    `ramp_from` to `ramp_to`), split as Algorithm 1 splits `left_B`:
+//!    flushes and L0->L1 compactions first, deeper compactions `min_B`
+//!    while those run and the whole budget when they do not.
 //! 3. **A stall nears: promotion.** When L0 files or full memtables reach
 //!    `promote_at` of RocksDB's slowdown point (see
 //!    [`Pressure`](super::Pressure)), flushes and L0 compactions get all
@@ -79,8 +73,8 @@ pub struct AdaptiveInputs {
     pub mode: AdaptiveMode,
     /// `max(D - Fg, min_B)`.
     pub left_bps: f64,
-    /// What deep compactions alone get while contended: from `calm_share *
-    /// D` (no pressure) up to `left_bps` (pressure at `ramp_to`).
+    /// What background work gets while contended: from `calm_share * D`
+    /// (no pressure) up to `left_bps` (pressure at `ramp_to`).
     pub budget_bps: f64,
     /// Flush rate set (`INFINITY`: unlimited).
     pub b_flush: f64,
@@ -160,12 +154,10 @@ impl Adaptive {
             };
             (AdaptiveMode::Promoted, f, l, min)
         } else {
-            // The ingest path gets SILK's shares of `left`; only deep
-            // compactions alone are held to the ramped budget.
             let (f, l) = match (flush_active, l0_active) {
-                (true, true) => (left / 2.0, left / 2.0),
-                (true, false) => (left, min),
-                (false, true) => (min, left),
+                (true, true) => (budget / 2.0, budget / 2.0),
+                (true, false) => (budget, min),
+                (false, true) => (min, budget),
                 (false, false) => (min, min),
             };
             let ln = if flush_active || l0_active { min } else { budget };
@@ -353,26 +345,24 @@ mod tests {
     }
 
     /// A busy device (the store's traffic at 75% of `D`) or busy clients:
-    /// flushes and L0 compactions get SILK's split of all that clients
-    /// leave, deep compactions alone the calm budget (a third of `D`), and
-    /// it holds for `hold` after the last busy cycle.
+    /// SILK's split of the calm budget (a third of `D`), and it holds for
+    /// `hold` after the last busy cycle.
     #[test]
-    fn contention_gives_the_ingest_path_what_clients_leave_and_holds() {
+    fn contention_splits_the_calm_budget_silk_style_and_holds() {
         let p = policy();
-        // The device: 50 of 60 MiB/s, light clients (2 MiB/s): left = 58.
+        // The device: 50 of 60 MiB/s, light clients.
         let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, false);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!(x.busy);
-        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (58.0, 4.0, 4.0));
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (20.0, 4.0, 4.0));
         let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, true);
-        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (29.0, 29.0, 4.0));
-        // Deep compactions alone: the calm budget, not all that is left.
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
         let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), false, false);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 4.0, 20.0));
         // Busy clients on a quiet device.
         let x = p.compute(8.0 * MIB, 5000.0, 8.0 * MIB, backlog(0.0), Some(0.0), false, true);
         assert_eq!(x.mode, AdaptiveMode::Contended);
-        assert!((x.b_l0 / MIB - 52.0).abs() < 1e-6);
+        assert!((x.b_l0 / MIB - 20.0).abs() < 1e-6);
         // A quiet cycle within `hold` of the last busy one stays contended.
         let hold = AdaptiveConfig::default().hold.as_secs_f64();
         let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.0), Some(hold / 2.0), false, false);
@@ -380,17 +370,17 @@ mod tests {
         assert!(!x.busy);
     }
 
-    /// The deep compactions' budget grows with the store's backlog from
-    /// the calm third of `D` to all that clients leave, never above it.
+    /// The budget grows with the store's backlog from the calm third of `D`
+    /// to all that clients leave, never above it.
     #[test]
     fn backlog_raises_the_budget_to_what_clients_leave() {
         let p = policy();
         // Clients use 10: left = 50; ramp from 0.25 to 0.75.
         for (pressure, budget) in [(0.0, 20.0), (0.25, 20.0), (0.5, 35.0), (0.75, 50.0), (0.85, 50.0)] {
-            let x = p.compute(10.0 * MIB, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, false);
+            let x = p.compute(10.0 * MIB, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, true);
             assert_eq!(x.mode, AdaptiveMode::Contended, "{pressure}");
             assert!((x.budget_bps / MIB - budget).abs() < 1e-9, "pressure {pressure}: {x:?}");
-            assert_eq!(x.b_ln, x.budget_bps);
+            assert_eq!(x.b_l0, x.budget_bps);
         }
         // Clients take nearly all of D: the budget is the floor.
         let x = p.compute(58.0 * MIB, 5000.0, 60.0 * MIB, backlog(0.0), Some(0.0), false, true);
