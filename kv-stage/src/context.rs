@@ -367,18 +367,30 @@ enum Slot {
 struct Registry {
     slots: Vec<Slot>,
     /// Every name ever stored, so a name reserved again and again is
-    /// allocated once.
-    interned: Vec<&'static str>,
+    /// allocated once (a set: the lookup stays constant however many names
+    /// failed batches declared).
+    interned: std::collections::HashSet<&'static str>,
 }
 
+/// Most distinct context names a process stores (registered, or declared
+/// by rules that may not apply): names live for the whole process, so
+/// batches declaring ever new names would otherwise grow memory without
+/// bound. 64 characters each at most: 256 KiB at the cap.
+pub(crate) const MAX_INTERNED_NAMES: usize = 4096;
+
 impl Registry {
-    fn intern(&mut self, name: &str) -> &'static str {
-        if let Some(n) = self.interned.iter().find(|n| **n == name) {
-            return n;
+    fn intern(&mut self, name: &str) -> Result<&'static str> {
+        if let Some(n) = self.interned.get(name) {
+            return Ok(n);
+        }
+        if self.interned.len() >= MAX_INTERNED_NAMES {
+            return Err(Error::invalid(format!(
+                "cannot store request context name '{name}': this process already holds {MAX_INTERNED_NAMES} distinct context names"
+            )));
         }
         let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
-        self.interned.push(n);
-        n
+        self.interned.insert(n);
+        Ok(n)
     }
 
     fn find(&self, name: &str) -> Option<usize> {
@@ -437,9 +449,8 @@ impl ContextReservation {
             validate_name(name).map_err(|m| Error::invalid(format!("request context name '{name}': {m}")))?;
             let i = match reg.find(name) {
                 Some(i) => i,
-                None => match reg.new_slot(name) {
-                    Ok(i) => {
-                        let n = reg.intern(name);
+                None => match reg.new_slot(name).and_then(|i| Ok((i, reg.intern(name)?))) {
+                    Ok((i, n)) => {
                         reg.slots[i] = Slot::Reserved(n, 0);
                         i
                     }
@@ -475,6 +486,19 @@ impl ContextReservation {
         let r = f();
         PARSING.with(|p| *p.borrow_mut() = before);
         r
+    }
+
+    /// The names this reservation holds that are not registered yet (the
+    /// ones applying its batch would register).
+    pub(crate) fn pending(&self) -> Vec<&'static str> {
+        let reg = registry();
+        self.ids
+            .iter()
+            .filter_map(|&i| match reg.slots[i as usize] {
+                Slot::Reserved(n, _) => Some(n),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The batch applied: its contexts are registered for good.
@@ -668,9 +692,18 @@ impl RequestContext {
         // Registered names live for the whole process: there are at most a few
         // hundred, and a `&'static str` keeps lookups lock-free for callers.
         // A name reserved by rules not yet applied is registered for good now.
-        let n = reg.intern(name);
+        let n = reg.intern(name)?;
         reg.slots[i] = Slot::Registered(n);
         Ok(Self(Self::FIRST_USER_ID + i as u16))
+    }
+
+    /// How many application context ids are neither registered nor
+    /// reserved by rules not yet applied: what [`register`](Self::register)
+    /// can still hand out.
+    pub fn free_ids() -> usize {
+        let reg = registry();
+        let cap = Self::MAX - Self::FIRST_USER_ID as usize;
+        cap - reg.slots.iter().filter(|s| **s != Slot::Free).count()
     }
 
     fn builtin(name: &str) -> Option<Self> {

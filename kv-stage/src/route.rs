@@ -15,6 +15,10 @@ const NONE: u32 = u32::MAX;
 
 /// Largest table we build; beyond it rules are rejected with a clear error.
 pub(crate) const MAX_CELLS: usize = 1 << 20;
+/// Most cells all of a stage's tables (the channel table and every
+/// channel's object table) may have together: 4 Mi cells, 16 MiB. Without
+/// it, many channels each just under [`MAX_CELLS`] would cost gigabytes.
+pub(crate) const MAX_TOTAL_CELLS: usize = 1 << 22;
 
 /// Open-addressing map from an integer classifier value to its slot.
 #[derive(Debug, Clone, Default)]
@@ -94,8 +98,9 @@ pub(crate) enum RouteError {
     /// Routes `first` and `second` match the same requests with equal
     /// specificity and different targets; `example` describes such a request.
     Ambiguous { first: usize, second: usize, example: String },
-    /// The table would exceed [`MAX_CELLS`].
-    TooLarge { cells: usize },
+    /// The table would need `cells` cells, more than `limit`: the smaller
+    /// of [`MAX_CELLS`] and what [`MAX_TOTAL_CELLS`] leaves.
+    TooLarge { cells: usize, limit: usize },
 }
 
 /// A route: pattern and target index.
@@ -131,7 +136,16 @@ fn accepts<T: Classifier>(m: &FieldMatch<T>, rep: Option<T>) -> bool {
 
 impl RouteTable {
     /// Compiles routes; the most specific matching route wins in every cell.
+    #[cfg(test)]
     pub(crate) fn compile(routes: &[RouteSpec<'_>]) -> Result<Self, RouteError> {
+        let mut budget = MAX_TOTAL_CELLS;
+        Self::compile_within(routes, &mut budget)
+    }
+
+    /// Compiles routes into at most `budget` cells (and [`MAX_CELLS`]),
+    /// and takes the cells used from `budget`. The size is checked before
+    /// anything is allocated.
+    pub(crate) fn compile_within(routes: &[RouteSpec<'_>], budget: &mut usize) -> Result<Self, RouteError> {
         let types = mentioned(routes, |m| &m.request_type);
         let ctxs = mentioned(routes, |m| &m.context);
         let insts = mentioned(routes, |m| &m.instance);
@@ -149,9 +163,11 @@ impl RouteTable {
             .and_then(|x| x.checked_mul(n_inst))
             .and_then(|x| x.checked_mul(n_wf))
             .unwrap_or(usize::MAX);
-        if cells > MAX_CELLS {
-            return Err(RouteError::TooLarge { cells });
+        let limit = MAX_CELLS.min(*budget);
+        if cells > limit {
+            return Err(RouteError::TooLarge { cells, limit });
         }
+        *budget -= cells;
 
         let mut type_slots = [0u8; RequestType::COUNT];
         for (i, t) in types.iter().enumerate() {

@@ -167,6 +167,19 @@ impl BucketCore {
         }
     }
 
+    /// Gives back `tokens` of an admitted request that it did not use (a
+    /// read that found less than it asked for): they count as provided
+    /// again, so the next requests do not wait for them. Unused tokens stay
+    /// capped at the burst.
+    pub(crate) fn refund(&mut self, now: u64, tokens: f64) {
+        if self.rate.is_infinite() || tokens.is_nan() || tokens <= 0.0 {
+            return;
+        }
+        self.base_p = self.provision(now) + tokens;
+        self.base_t = now;
+        self.clamp(now);
+    }
+
     /// Changes rate and burst at `now`. Tokens provided so far are kept; from
     /// `now` on they accrue at the new rate.
     pub(crate) fn set(&mut self, now: u64, rate: f64, burst: f64) {
@@ -572,6 +585,23 @@ impl Bucket {
         self.cv.notify_all();
     }
 
+    /// Gives back the unused `bytes` of an admitted request (a bucket of
+    /// operations keeps its charge: the operation took place). Waiters
+    /// recompute their deadlines.
+    pub(crate) fn refund(&self, bytes: u64) {
+        if bytes == 0 || self.open.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.lock();
+        if st.unit != RateUnit::Bytes || st.core.is_unlimited() {
+            return;
+        }
+        st.core.refund(now_ns(), bytes as f64);
+        st.wake_line();
+        drop(st);
+        self.cv.notify_all();
+    }
+
     /// Current `(rate, unit, burst)`.
     pub(crate) fn config(&self) -> (f64, RateUnit, f64) {
         let st = self.lock();
@@ -653,6 +683,24 @@ mod tests {
         assert_eq!(c.ready_at(t), Some(SEC / 2 + 50_000_000));
         c.set(SEC / 2, 0.0, 0.0);
         assert_eq!(c.ready_at(t), None);
+    }
+
+    #[test]
+    fn a_refund_moves_the_next_request_up_and_stays_capped_at_burst() {
+        // 1000 tokens/s, burst 10: a request of 1000 empties the bucket
+        // and puts it 990 tokens in debt.
+        let mut c = BucketCore::new(0, 1000.0, 10.0);
+        c.reserve(0, 1000.0);
+        let next = c.reserve(0, 10.0);
+        assert_eq!(c.ready_at(next), Some(1_000_000_000));
+        // It used 1 token: 999 come back, the next request waits only for
+        // the 1 token (1 ms), not for the whole 1000.
+        c.refund(0, 999.0);
+        assert_eq!(c.ready_at(next), Some(1_000_000));
+        // A refund larger than anything charged leaves at most a burst.
+        c.refund(0, 1e9);
+        let after = c.reserve(0, 25.0);
+        assert!(c.ready_at(after).unwrap() > 0, "more than a burst was kept");
     }
 
     #[test]

@@ -173,6 +173,10 @@ impl EnforcementObject for Drl {
         self.bucket.acquire(ctx.size, ctx.instance).map(Outcome::waited)
     }
 
+    fn refund(&self, _ctx: &Context, unused: u64) {
+        self.bucket.refund(unused);
+    }
+
     fn spec(&self) -> Option<ObjectSpec> {
         Some(ObjectSpec::Drl(self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone()))
     }

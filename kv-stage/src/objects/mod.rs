@@ -440,6 +440,13 @@ pub trait EnforcementObject: Send + Sync + 'static {
         None
     }
 
+    /// An admitted request used `unused` bytes fewer than `ctx.size` (a
+    /// short read or write): an object that charged them may give them
+    /// back. The default keeps the charge.
+    fn refund(&self, ctx: &Context, unused: u64) {
+        let _ = (ctx, unused);
+    }
+
     /// Object-specific statistics.
     fn stats(&self) -> ObjectStats {
         ObjectStats::default()
@@ -568,6 +575,9 @@ impl EnforcementObject for Object {
     }
     fn spec(&self) -> Option<ObjectSpec> {
         dispatch!(self, o => o.spec())
+    }
+    fn refund(&self, ctx: &Context, unused: u64) {
+        dispatch!(self, o => o.refund(ctx, unused))
     }
     fn stats(&self) -> ObjectStats {
         dispatch!(self, o => o.stats())

@@ -335,6 +335,14 @@ impl EnforcementObject for Qos {
             .map(|r| r.map(|d| Outcome::waited(Duration::from_nanos(w.waited_ns) + d)))
     }
 
+    /// Bytes come back to the bandwidth bucket; the operation stays
+    /// charged to the IOPS bucket.
+    fn refund(&self, ctx: &Context, unused: u64) {
+        if let Some((bw, _)) = self.buckets_for(ctx) {
+            bw.refund(unused);
+        }
+    }
+
     fn cancel_enforce(&self, ctx: &Context, w: &mut super::AsyncWait) {
         if let Some((bw, ops)) = self.buckets_for(ctx) {
             let bucket = if w.bucket.step == 0 { bw } else { ops };

@@ -271,6 +271,16 @@ impl RuleSet {
         }
     }
 
+    /// The application contexts applying this set would register: those
+    /// its files declared that are not registered yet (an agent caps them,
+    /// so a remote caller cannot take the ids the application needs).
+    pub fn pending_contexts(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = self.contexts.iter().flat_map(|c| c.pending()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// The set applied: the contexts its files declared are registered.
     pub(crate) fn commit_contexts(&self) {
         for c in &self.contexts {

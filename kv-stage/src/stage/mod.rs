@@ -45,6 +45,35 @@ use snapshot::{LAYOUT_CACHE, Layout, NO_OBJECT, Route, compile, route_key};
 /// route matches until another default is set.
 pub const DEFAULT_CHANNEL: &str = "default";
 
+/// A stage's layout and object settings at one moment ([`Stage::checkpoint`]),
+/// to bring back with [`Stage::restore`]; e.g. what an agent restores when
+/// a controller's lease runs out.
+#[derive(Clone)]
+pub struct Checkpoint {
+    stage: u64,
+    generation: u64,
+    model: Model,
+    /// Each object's settings, in the model's order.
+    specs: Vec<Option<crate::objects::ObjectSpec>>,
+}
+
+impl Checkpoint {
+    /// The rules generation the stage had then.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("generation", &self.generation)
+            .field("channels", &self.model.channels.len())
+            .field("objects", &self.specs.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A data plane stage.
 ///
 /// Share it as `Arc<Stage>`; every method takes `&self`. Dropping the last
@@ -234,6 +263,32 @@ impl Stage {
                 Err(r) => Err(EnforceError::from_rejection(&o.label, r)),
             }
         })
+    }
+
+    /// Gives back what an admitted request did not use: it was enforced as
+    /// `ctx` (same classifiers and size) and moved `ctx.size - unused`
+    /// bytes, e.g. a read that reached the end of its file. The object it
+    /// went to returns the unused bytes to its bandwidth bucket, so they do
+    /// not delay the requests after it. Counters keep the size enforced.
+    /// Does nothing when the layout changed in between and the request's
+    /// route now leads elsewhere... (the refund then goes to the object the
+    /// same request would go to now).
+    pub fn refund(&self, ctx: &Context, unused: u64) {
+        if unused == 0 || self.shut_down.load(Ordering::Relaxed) {
+            return;
+        }
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        let key = route_key(ctx);
+        let remembered = self.remembered(ctx, generation, key);
+        if remembered.is_some_and(|r| !r.call) {
+            return;
+        }
+        self.with_layout(generation, |layout| {
+            let route = remembered.unwrap_or_else(|| self.route_and_remember(layout, ctx, generation, key));
+            if route.object != NO_OBJECT {
+                layout.channels[route.channel as usize].objects[route.object as usize].object.refund(ctx, unused);
+            }
+        });
     }
 
     /// Enforces one request as a future: the async form of
@@ -494,6 +549,30 @@ impl Stage {
         let ch = m.channel(channel)?;
         let o = ch.objects.iter().find(|o| &*o.id == object)?;
         Some(ObjectHandle { label: format!("{channel}/{object}").into(), object: Arc::clone(&o.object) })
+    }
+
+    /// The stage's channels, objects, routes, defaults and object settings
+    /// as they are now, for [`restore`](Self::restore) to bring back.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let m = self.lock_control();
+        let specs = m.objects().map(|o| o.spec()).collect();
+        Checkpoint { stage: self.uid, generation: m.generation, model: m.clone(), specs }
+    }
+
+    /// Makes the stage's channels, objects, routes, defaults and object
+    /// settings what they were at `checkpoint`, in one batch (all or
+    /// nothing): channels and objects made since are removed (their waiters
+    /// released), those removed since are made again from their settings
+    /// then, an object whose settings changed is rebuilt with the old ones
+    /// (its waiters are released; it keeps its counters). Open instances
+    /// are not part of a checkpoint and stay as they are. An application
+    /// object ([`create_custom_object`](Self::create_custom_object)) is kept
+    /// as it is; one removed since cannot be rebuilt, and the report warns.
+    pub fn restore(&self, checkpoint: &Checkpoint) -> Result<ApplyReport> {
+        if checkpoint.stage != self.uid {
+            return Err(Error::invalid(format!("stage '{}': the checkpoint is another stage's", self.name)));
+        }
+        self.transact(|txn| txn.restore(&checkpoint.model, &checkpoint.specs), || ())
     }
 
     /// Identity and layout: name, id, pid, host, channels, objects with

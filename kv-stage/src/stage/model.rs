@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::context::InstanceId;
 use crate::error::{Error, Location, Result};
 use crate::matching::Match;
-use crate::objects::{ConfigError, EnforcementObject, Object, ObjectConfig};
+use crate::objects::{ConfigError, EnforcementObject, Object, ObjectConfig, ObjectSpec};
 use crate::rules::{Rule, RuleEntry};
 use crate::stats::{Counters, MAX_COUNTER_SLOTS};
 
@@ -380,5 +380,73 @@ impl Txn<'_> {
                 self.configure(channel, object, set, *ignore_unsupported, loc)
             }
         }
+    }
+
+    /// Makes the model `cp` again (see `Stage::restore`): `specs` are the
+    /// settings of `cp`'s objects, in order.
+    pub(super) fn restore(&mut self, cp: &Model, specs: &[Option<ObjectSpec>]) -> Result<()> {
+        let loc = Location::default();
+        let current = std::mem::take(&mut self.model.channels);
+        let same_slot = |a: &SlotUse, b: &SlotUse| a.slot == b.slot && a.incarnation == b.incarnation;
+        let mut specs = specs.iter();
+        let mut channels: Vec<ChannelModel> = Vec::with_capacity(cp.channels.len());
+        for cch in &cp.channels {
+            let live_channel = current.iter().find(|c| c.id == cch.id && same_slot(&c.slot, &cch.slot));
+            let slot = match live_channel {
+                Some(c) => c.slot,
+                None => self.model.alloc_slot(self.counters, &loc, "channel")?,
+            };
+            let mut objects = Vec::with_capacity(cch.objects.len());
+            for o in &cch.objects {
+                let spec = specs.next().and_then(Option::as_ref);
+                let live = current.iter().flat_map(|c| c.objects.iter()).find(|x| Arc::ptr_eq(&x.object, &o.object));
+                match (live, spec) {
+                    (Some(x), Some(spec)) if x.object.spec().as_ref() == Some(spec) => objects.push(x.clone()),
+                    // An application object: as it is.
+                    (Some(x), None) => objects.push(x.clone()),
+                    (live, Some(spec)) => {
+                        let obj = Arc::new(
+                            spec.build().map_err(|e| config_error(&loc, &format!("{}/{}", cch.id, o.id), e))?,
+                        );
+                        let slot = match live {
+                            Some(x) => x.slot,
+                            None => self.model.alloc_slot(self.counters, &loc, "object")?,
+                        };
+                        self.created.push(Arc::clone(&obj));
+                        objects.push(ObjectModel { id: Arc::clone(&o.id), slot, object: obj });
+                    }
+                    (None, None) => self.warnings.push(format!(
+                        "{}/{}: an application object removed since the checkpoint cannot be made again; its routes are dropped",
+                        cch.id, o.id
+                    )),
+                }
+            }
+            let has = |id: &str| objects.iter().any(|x| &*x.id == id);
+            let routes = cch.routes.iter().filter(|r| has(&r.target)).cloned().collect();
+            let default_object = cch.default_object.clone().filter(|d| has(d));
+            channels.push(ChannelModel { id: Arc::clone(&cch.id), slot, objects, routes, default_object });
+        }
+        // What the restored model does not hold any more: slots freed,
+        // objects retired.
+        for c in current {
+            if !channels.iter().any(|n| same_slot(&n.slot, &c.slot)) {
+                self.freed.push(c.slot.slot);
+            }
+            for o in c.objects {
+                let mut restored = channels.iter().flat_map(|n| n.objects.iter());
+                if restored.clone().any(|n| Arc::ptr_eq(&n.object, &o.object)) {
+                    continue;
+                }
+                if !restored.any(|n| same_slot(&n.slot, &o.slot)) {
+                    self.freed.push(o.slot.slot);
+                }
+                self.retired.push(o.object);
+            }
+        }
+        self.model.channels = channels;
+        self.model.routes = cp.routes.clone();
+        self.model.default_channel = Arc::clone(&cp.default_channel);
+        self.structural = true;
+        Ok(())
     }
 }

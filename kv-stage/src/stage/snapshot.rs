@@ -147,10 +147,15 @@ impl Layout {
     }
 }
 
-pub(super) fn compile_routes(routes: &[RouteModel], index_of: impl Fn(&str) -> u32, scope: &str) -> Result<RouteTable> {
+pub(super) fn compile_routes(
+    routes: &[RouteModel],
+    index_of: impl Fn(&str) -> u32,
+    scope: &str,
+    budget: &mut usize,
+) -> Result<RouteTable> {
     let specs: Vec<RouteSpec<'_>> =
         routes.iter().map(|r| RouteSpec { pattern: &r.matches, target: index_of(&r.target) }).collect();
-    RouteTable::compile(&specs).map_err(|e| match e {
+    RouteTable::compile_within(&specs, budget).map_err(|e| match e {
         RouteError::Ambiguous { first, second, example } => {
             let (a, b) = (&routes[first], &routes[second]);
             Error::rule(
@@ -162,12 +167,13 @@ pub(super) fn compile_routes(routes: &[RouteModel], index_of: impl Fn(&str) -> u
                 ),
             )
         }
-        RouteError::TooLarge { cells } => Error::rule(
+        RouteError::TooLarge { cells, limit } => Error::rule(
             &routes.last().map(|r| r.origin.clone()).unwrap_or_default(),
             Some("match"),
             format!(
-                "{scope} routes need a table of {cells} cells (limit {}); pin fewer distinct workflows or instances",
-                crate::route::MAX_CELLS
+                "{scope} routes need a table of {cells} cells, over the {limit} left (at most {} per table, {} for all of a stage's tables); pin fewer distinct workflows or instances",
+                crate::route::MAX_CELLS,
+                crate::route::MAX_TOTAL_CELLS
             ),
         ),
     })
@@ -176,12 +182,13 @@ pub(super) fn compile_routes(routes: &[RouteModel], index_of: impl Fn(&str) -> u
 pub(super) fn compile(m: &Model) -> Result<Layout> {
     let index_of_channel =
         |id: &str| m.channels.iter().position(|c| &*c.id == id).expect("routes target live channels") as u32;
-    let routes = compile_routes(&m.routes, index_of_channel, "channel")?;
+    let mut budget = crate::route::MAX_TOTAL_CELLS;
+    let routes = compile_routes(&m.routes, index_of_channel, "channel", &mut budget)?;
     let mut channels = Vec::with_capacity(m.channels.len());
     for ch in &m.channels {
         let index_of_object =
             |id: &str| ch.objects.iter().position(|o| &*o.id == id).expect("routes target live objects") as u32;
-        let table = compile_routes(&ch.routes, index_of_object, &format!("channel '{}' object", ch.id))?;
+        let table = compile_routes(&ch.routes, index_of_object, &format!("channel '{}' object", ch.id), &mut budget)?;
         channels.push(ChannelRt {
             label: Arc::clone(&ch.id),
             slot: ch.slot.slot,
