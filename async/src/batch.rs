@@ -17,6 +17,11 @@
 //! collects; when it completes, the next goes if it met a threshold or its
 //! timeout passed meanwhile, else its timer sends it.
 //!
+//! The thresholds are also caps: a batch holds at most `requests`
+//! requests and at most `bytes` bytes (a single larger request goes
+//! alone). Requests that arrived while one batch was in flight and do not
+//! fit in the next stay collecting and go right after it, in order.
+//!
 //! A batch is one unit: written with one call (for RocksDB one write batch,
 //! one WAL append and, for durable writes, one sync), and its result, success
 //! or the error, reaches every request in it and no other.
@@ -94,6 +99,7 @@ impl Counters {
 
 struct Entry<Op> {
     op: Op,
+    bytes: u64,
     done: oneshot::Sender<io::Result<()>>,
 }
 
@@ -165,7 +171,7 @@ impl<W: Writer> Queue<W> {
             if first {
                 st.first_at = Instant::now();
             }
-            st.collecting.push(Entry { op, done });
+            st.collecting.push(Entry { op, bytes, done });
             st.bytes += bytes;
             let trigger = if st.collecting.len() >= plan.requests as usize {
                 Some(Trigger::Requests)
@@ -199,14 +205,28 @@ impl<W: Writer> Queue<W> {
         }
     }
 
-    /// Takes the collecting batch for dispatch (the caller holds the lock).
+    /// Takes the collecting batch for dispatch, at most the plan's
+    /// `requests` requests and `bytes` bytes of it (at least one request;
+    /// the caller holds the lock). What is left over is due: it goes when
+    /// this batch completes.
     fn take(&self, st: &mut State<W::Op>, trigger: Trigger) -> Vec<Entry<W::Op>> {
+        let (max_requests, max_bytes) = (st.plan.requests.max(1) as usize, st.plan.bytes);
+        let (mut n, mut bytes) = (0usize, 0u64);
+        for e in &st.collecting {
+            if n == max_requests || (n > 0 && bytes.saturating_add(e.bytes) > max_bytes) {
+                break;
+            }
+            n += 1;
+            bytes = bytes.saturating_add(e.bytes);
+        }
+        let rest = st.collecting.split_off(n);
+        let batch = std::mem::replace(&mut st.collecting, rest);
         st.in_flight = true;
-        st.overdue = false;
+        st.overdue = !st.collecting.is_empty();
         st.seq += 1;
-        st.bytes = 0;
+        st.bytes -= bytes;
         self.counters.by[trigger as usize].fetch_add(1, Ordering::Relaxed);
-        std::mem::take(&mut st.collecting)
+        batch
     }
 
     fn timed_out(self: &Arc<Self>, seq: u64) {
@@ -392,6 +412,45 @@ mod tests {
         let s = counters.snapshot();
         assert_eq!((s.requests, s.failed, s.failed_requests), (200, 1, failed.len() as u64));
         assert_eq!(s.batches as usize, batches.len());
+    }
+
+    #[test]
+    fn batches_are_capped_at_the_thresholds_and_the_rest_follows_in_order() {
+        // A 2 ms write and 2,000 submitters: without the cap the second
+        // batch held everything that arrived during the first.
+        let log = Arc::new(Log { slow: AtomicBool::new(true), ..Default::default() });
+        let p = BatchPlan { bytes: 4096, ..plan(16, Duration::from_micros(50), true) };
+        let (q, counters) = queue(&log, p);
+        rt().block_on(async {
+            let tasks: Vec<_> = (0..2000u32)
+                .map(|i| {
+                    let q = Arc::clone(&q);
+                    // Every tenth request is 1 KiB, the others 100 bytes.
+                    tokio::spawn(async move { q.submit(p, i, if i % 10 == 0 { 1024 } else { 100 }).await })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap().unwrap();
+            }
+        });
+        let batches = log.batches.lock().unwrap().clone();
+        let size = |b: &[u32]| b.iter().map(|&i| if i % 10 == 0 { 1024u64 } else { 100 }).sum::<u64>();
+        for b in &batches {
+            assert!(b.len() <= 16, "a batch of {} requests (cap 16)", b.len());
+            assert!(size(b) <= 4096, "a batch of {} bytes (cap 4096)", size(b));
+        }
+        let mut written: Vec<u32> = batches.iter().flatten().copied().collect();
+        assert_eq!(written.len(), 2000, "a request was written twice or never");
+        written.sort_unstable();
+        written.dedup();
+        assert_eq!(written.len(), 2000);
+        assert!(batches.iter().map(Vec::len).max().unwrap() > 4, "nothing was batched");
+        assert_eq!(counters.snapshot().requests, 2000);
+        // A request larger than the byte cap goes alone.
+        let log = Arc::new(Log::default());
+        let (q, _) = queue(&log, p);
+        rt().block_on(q.submit(p, 1, 10_000)).unwrap();
+        assert_eq!(*log.batches.lock().unwrap(), vec![vec![1]]);
     }
 
     #[test]
