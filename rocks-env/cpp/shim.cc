@@ -93,6 +93,9 @@ constexpr uint8_t kRename = ROCKS_ENV_OP_RENAME;
 constexpr uint8_t kTruncate = ROCKS_ENV_OP_TRUNCATE;
 constexpr uint8_t kLink = ROCKS_ENV_OP_LINK;
 constexpr uint8_t kPrefetch = ROCKS_ENV_OP_PREFETCH;
+constexpr uint8_t kAllocate = ROCKS_ENV_OP_ALLOCATE;
+constexpr uint8_t kCreateDir = ROCKS_ENV_OP_CREATE_DIR;
+constexpr uint8_t kLock = ROCKS_ENV_OP_LOCK;
 
 // The Rust handle plus its callbacks; the last owner releases the handle.
 class Handle {
@@ -339,6 +342,30 @@ class StagedWritableFile : public StagedWriting<FSWritableFileOwnerWrapper> {
       return Base::RangeSync(offset, nbytes, options, dbg);
     });
   }
+
+  IOStatus Allocate(uint64_t offset, uint64_t len, const IOOptions& options,
+                    IODebugContext* dbg) override {
+    return Guarded(*h_, kAllocate, kind_, 0, options,
+                   [&] { return Base::Allocate(offset, len, options, dbg); });
+  }
+
+  // Preallocation is decided here, by FSWritableFile's own logic, so that
+  // the Allocate it calls is the enforced one above (the owner wrapper
+  // would hand PrepareWrite to the target, whose Allocate is not).
+  void SetPreallocationBlockSize(size_t size) override {
+    FSWritableFile::SetPreallocationBlockSize(size);
+    Base::SetPreallocationBlockSize(size);
+  }
+
+  void GetPreallocationStatus(size_t* block_size,
+                              size_t* last_allocated_block) override {
+    FSWritableFile::GetPreallocationStatus(block_size, last_allocated_block);
+  }
+
+  void PrepareWrite(size_t offset, size_t len, const IOOptions& options,
+                    IODebugContext* dbg) override {
+    FSWritableFile::PrepareWrite(offset, len, options, dbg);
+  }
 };
 
 class StagedRandomRWFile : public StagedWriting<FSRandomRWFileOwnerWrapper> {
@@ -481,6 +508,45 @@ class HookFileSystem : public FileSystemWrapper {
                     const IOOptions& options, IODebugContext* dbg) override {
     return Guarded(*h_, kLink, FileKindOf(dst), 0, options,
                    [&] { return target()->LinkFile(src, dst, options, dbg); });
+  }
+
+  // A sync by name (SST ingestion with move or link, among others).
+  IOStatus SyncFile(const std::string& f, const FileOptions& file_opts,
+                    const IOOptions& io_opts, bool use_fsync,
+                    IODebugContext* dbg) override {
+    return Guarded(*h_, use_fsync ? kFsync : kSync, FileKindOf(f), 0, io_opts,
+                   [&] {
+                     return target()->SyncFile(f, file_opts, io_opts,
+                                               use_fsync, dbg);
+                   });
+  }
+
+  IOStatus CreateDir(const std::string& d, const IOOptions& options,
+                     IODebugContext* dbg) override {
+    return Guarded(*h_, kCreateDir, ROCKS_ENV_FILE_DIR, 0, options,
+                   [&] { return target()->CreateDir(d, options, dbg); });
+  }
+
+  IOStatus CreateDirIfMissing(const std::string& d, const IOOptions& options,
+                              IODebugContext* dbg) override {
+    return Guarded(*h_, kCreateDir, ROCKS_ENV_FILE_DIR, 0, options, [&] {
+      return target()->CreateDirIfMissing(d, options, dbg);
+    });
+  }
+
+  IOStatus LockFile(const std::string& f, const IOOptions& options,
+                    rocksdb::FileLock** l, IODebugContext* dbg) override {
+    return Guarded(*h_, kLock, FileKindOf(f), 0, options,
+                   [&] { return target()->LockFile(f, options, l, dbg); });
+  }
+
+  IOStatus UnlockFile(rocksdb::FileLock* l, const IOOptions& options,
+                      IODebugContext* dbg) override {
+    // Never refused: a lock must be released whatever the stage says (a
+    // DB that cannot unlock cannot be opened again by this process).
+    IOStatus s = h_->Enforce(kLock, ROCKS_ENV_FILE_OTHER, 0, &options);
+    s.PermitUncheckedError();
+    return target()->UnlockFile(l, options, dbg);
   }
 
   // The base implementation opens the info log with our NewWritableFile, so

@@ -43,6 +43,9 @@ enum rocks_env_op {
   ROCKS_ENV_OP_TRUNCATE = 9,
   ROCKS_ENV_OP_LINK = 10,
   ROCKS_ENV_OP_PREFETCH = 11,  // readahead into the page cache (accounted)
+  ROCKS_ENV_OP_ALLOCATE = 12,  // Allocate (fallocate) of a file's space
+  ROCKS_ENV_OP_CREATE_DIR = 13,  // CreateDir, CreateDirIfMissing
+  ROCKS_ENV_OP_LOCK = 14,        // LockFile, UnlockFile
 };
 
 // Which file a request is for, from its name.

@@ -47,7 +47,8 @@ pub struct FileIo {
     pub write: OpsBytes,
     /// Syncs.
     pub sync: OpsBytes,
-    /// Opens, closes, deletes, renames, truncates.
+    /// Opens, closes, deletes, renames, truncates, links, preallocations,
+    /// directory creations and locks.
     pub metadata: OpsBytes,
     /// Readahead into the page cache (`Prefetch`): accounted here only. The
     /// reads that then take the data from the cache are the ones enforced

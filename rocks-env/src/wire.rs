@@ -57,11 +57,18 @@ pub enum FileOp {
     Link = 10,
     /// Readahead into the page cache (`Prefetch`).
     Prefetch = 11,
+    /// Reserving a file's space (`Allocate`, i.e. fallocate, which
+    /// `PrepareWrite` calls as a file grows).
+    Allocate = 12,
+    /// Creating a directory (`CreateDir`, `CreateDirIfMissing`).
+    CreateDir = 13,
+    /// Taking or releasing a file lock (`LockFile`, `UnlockFile`).
+    Lock = 14,
 }
 
 impl FileOp {
     /// Every op, in wire order.
-    pub const ALL: [FileOp; 12] = [
+    pub const ALL: [FileOp; 15] = [
         FileOp::Read,
         FileOp::Write,
         FileOp::Sync,
@@ -74,6 +81,9 @@ impl FileOp {
         FileOp::Truncate,
         FileOp::Link,
         FileOp::Prefetch,
+        FileOp::Allocate,
+        FileOp::CreateDir,
+        FileOp::Lock,
     ];
 
     /// The stage's request type for this op: data moves are reads and
@@ -90,7 +100,7 @@ impl FileOp {
             FileOp::Delete => RequestType::Delete,
             FileOp::Rename => RequestType::Rename,
             FileOp::Truncate => RequestType::Truncate,
-            FileOp::Link => RequestType::Metadata,
+            FileOp::Link | FileOp::Allocate | FileOp::CreateDir | FileOp::Lock => RequestType::Metadata,
         }
     }
 }
@@ -308,8 +318,24 @@ mod tests {
 
     #[test]
     fn the_header_and_the_decoder_agree() {
-        let ops =
-            ["READ", "WRITE", "SYNC", "FSYNC", "RANGE_SYNC", "OPEN", "CLOSE", "DELETE", "RENAME", "TRUNCATE", "LINK"];
+        let ops = [
+            "READ",
+            "WRITE",
+            "SYNC",
+            "FSYNC",
+            "RANGE_SYNC",
+            "OPEN",
+            "CLOSE",
+            "DELETE",
+            "RENAME",
+            "TRUNCATE",
+            "LINK",
+            "PREFETCH",
+            "ALLOCATE",
+            "CREATE_DIR",
+            "LOCK",
+        ];
+        assert_eq!(ops.len(), FileOp::ALL.len());
         for (op, name) in FileOp::ALL.iter().zip(ops) {
             assert_eq!(*op as i64, constant(&format!("ROCKS_ENV_OP_{name} ")), "{name}");
         }
