@@ -42,7 +42,7 @@ unsafe fn iov_len(iov: *const iovec, cnt: c_int) -> u64 {
 /// Classifies the descriptor an open call returned.
 #[inline]
 fn opened(fd: c_int) -> c_int {
-    if fd >= 0 {
+    if fd >= 0 && state::owns_table() {
         state::classify(fd);
     }
     fd
@@ -51,10 +51,27 @@ fn opened(fd: c_int) -> c_int {
 /// Copies the class of `from` to the descriptor a dup call returned.
 #[inline]
 fn duped(from: c_int, to: c_int) -> c_int {
-    if to >= 0 {
+    if to >= 0 && state::owns_table() {
         fdtable::copy(from, to);
     }
     to
+}
+
+/// Forgets descriptors `first..=last` (not in a `vfork` child: the table
+/// is its parent's).
+#[inline]
+fn forget(first: u32, last: u32) {
+    if state::owns_table() {
+        fdtable::clear(first, last);
+    }
+}
+
+/// Fails the current call with `errno` = `code`.
+#[cold]
+fn fail<T: From<i8>>(code: c_int) -> T {
+    // SAFETY: errno is the calling thread's own.
+    unsafe { *libc::__errno_location() = code };
+    T::from(-1)
 }
 
 /// Open calls: libc opens, then the new descriptor is classified.
@@ -83,20 +100,43 @@ macro_rules! request_size {
     };
 }
 
-/// Data calls: on a descriptor of a volume, enforced first (a refusal is
-/// `EIO` and the call is not made); then libc.
+/// Data calls on a descriptor of a volume: a write or sync is enforced
+/// first (a refusal is `EIO` and the call is not made), then made, and
+/// what a short write did not move is given back; a read is made, then
+/// charged what it read (a refusal is `EIO`).
 macro_rules! data_hooks {
     ($($name:ident = $real:ident($fd:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty, $t:ident [$($size:tt)+];)+) => {$(
         #[doc = concat!("Hook for `", stringify!($name), "`.")]
         #[unsafe(no_mangle)]
         unsafe extern "C" fn $name($fd: c_int $(, $arg: $ty)*) -> $ret {
-            if let Some(v) = fdtable::volume($fd)
-                && state::enforce(v, RequestType::$t, request_size!($($size)+)).is_err()
-            {
-                return refused();
+            let Some(v) = fdtable::volume($fd) else {
+                // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+                return unsafe { real::$real()($fd $(, $arg)*) };
+            };
+            let size = request_size!($($size)+);
+            if RequestType::$t == RequestType::Read {
+                // A read is charged what it read, once it has: a read that
+                // asks 2 MiB of a 1-byte file costs 1 byte (charged before,
+                // it would wait for 2 MiB of tokens first). The caller gets
+                // its bytes only once they are paid for, so the rate holds.
+                // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+                let r = unsafe { real::$real()($fd $(, $arg)*) };
+                if r >= 0 && state::enforce($fd, v, RequestType::Read, (r as u64).min(size)).is_err() {
+                    return refused();
+                }
+                return r;
             }
+            let charged = match state::enforce($fd, v, RequestType::$t, size) {
+                Ok(c) => c,
+                Err(()) => return refused(),
+            };
             // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
-            unsafe { real::$real()($fd $(, $arg)*) }
+            let r = unsafe { real::$real()($fd $(, $arg)*) };
+            if let Some(v) = charged && size > 0 {
+                // What a short write did not move is given back.
+                state::settle(v, RequestType::$t, size, r as i64);
+            }
+            r
         }
     )+};
 }
@@ -144,7 +184,7 @@ data_hooks! {
 #[unsafe(no_mangle)]
 unsafe extern "C" fn close(fd: c_int) -> c_int {
     if fd >= 0 {
-        fdtable::clear(fd as u32, fd as u32);
+        forget(fd as u32, fd as u32);
     }
     // SAFETY: the caller's argument, passed on unchanged to libc's `close`.
     unsafe { real::close()(fd) }
@@ -157,9 +197,201 @@ unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c
     let r = unsafe { real::close_range()(first, last, flags) };
     // CLOSE_RANGE_CLOEXEC only marks them; the descriptors stay open.
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        fdtable::clear(first, last);
+        forget(first, last);
     }
     r
+}
+
+/// Hook for `closefrom` (glibc 2.34): every descriptor from `low` up.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn closefrom(low: c_int) {
+    // SAFETY: the caller's argument, passed on unchanged to libc's `closefrom`.
+    unsafe { real::closefrom()(low) };
+    forget(low.max(0) as u32, u32::MAX);
+}
+
+/// Hook for `closedir`: a stream of `opendir` or `fdopendir` closes its
+/// descriptor.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn closedir(dir: *mut libc::DIR) -> c_int {
+    if !dir.is_null() {
+        // SAFETY: the caller's stream, valid until it is closed below.
+        let fd = unsafe { libc::dirfd(dir) };
+        if fd >= 0 {
+            forget(fd as u32, fd as u32);
+        }
+    }
+    // SAFETY: the caller's argument, passed on unchanged to libc's `closedir`.
+    unsafe { real::closedir()(dir) }
+}
+
+/// `freopen`: the stream's old descriptor is closed and a file opened in
+/// its place (usually under the same number): classified again.
+macro_rules! freopen_hooks {
+    ($($name:ident = $real:ident;)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "`.")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE {
+            if !stream.is_null() {
+                // SAFETY: the caller's stream, valid until reopened below.
+                let fd = unsafe { libc::fileno(stream) };
+                if fd >= 0 {
+                    forget(fd as u32, fd as u32);
+                }
+            }
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            let r = unsafe { real::$real()(path, mode, stream) };
+            if !r.is_null() {
+                // SAFETY: the stream libc returned is valid.
+                opened(unsafe { libc::fileno(r) });
+            }
+            r
+        }
+    )+};
+}
+
+freopen_hooks! {
+    freopen = freopen;
+    freopen64 = freopen64;
+}
+
+/// Copies done inside the kernel cannot be charged by the piece: on a
+/// limited descriptor (either end) they are refused with the error that
+/// makes callers fall back to `read` and `write`, which are charged.
+/// `copy_file_range`: `ENOSYS` (what coreutils' `cp` and glibc callers take
+/// as "not supported here"); `sendfile` and `splice`: `EINVAL` (what they
+/// return where the file system cannot do them; Python's `shutil`, for
+/// one, falls back on it).
+#[unsafe(no_mangle)]
+unsafe extern "C" fn copy_file_range(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if state::limited(fd_in) || state::limited(fd_out) {
+        return fail(libc::ENOSYS);
+    }
+    // SAFETY: the caller's arguments, passed on unchanged to libc's `copy_file_range`.
+    unsafe { real::copy_file_range()(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
+macro_rules! sendfile_hooks {
+    ($($name:ident = $real:ident($off:ty);)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "` (see `copy_file_range`).")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name(out_fd: c_int, in_fd: c_int, offset: *mut $off, count: size_t) -> ssize_t {
+            if state::limited(in_fd) || state::limited(out_fd) {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            unsafe { real::$real()(out_fd, in_fd, offset, count) }
+        }
+    )+};
+}
+
+sendfile_hooks! {
+    sendfile = sendfile(off_t);
+    sendfile64 = sendfile64(off64_t);
+}
+
+/// Hook for `splice` (see `copy_file_range`).
+#[unsafe(no_mangle)]
+unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if state::limited(fd_in) || state::limited(fd_out) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's arguments, passed on unchanged to libc's `splice`.
+    unsafe { real::splice()(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
+/// POSIX AIO: glibc's helper threads call `pread`/`pwrite` inside libc,
+/// where no hook sees them, so a request is charged as it is submitted
+/// (the submitting call waits for its tokens) and never refunded.
+///
+/// # Safety
+/// `cb` is the caller's valid control block, or null.
+unsafe fn aio_charge(cb: *const libc::aiocb, t: RequestType) -> Result<(), ()> {
+    if cb.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the caller's promise.
+    let (fd, n) = unsafe { ((*cb).aio_fildes, (*cb).aio_nbytes as u64) };
+    match fdtable::volume(fd) {
+        Some(v) => state::enforce(fd, v, t, n).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+macro_rules! aio_hooks {
+    ($($name:ident = $real:ident, $t:ident;)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "` (charged at submission).")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name(cb: *mut libc::aiocb) -> c_int {
+            // SAFETY: the caller's control block.
+            if unsafe { aio_charge(cb, RequestType::$t) }.is_err() {
+                return refused();
+            }
+            // SAFETY: the caller's argument, passed on unchanged to libc's own function.
+            unsafe { real::$real()(cb) }
+        }
+    )+};
+}
+
+aio_hooks! {
+    aio_read = aio_read, Read;
+    aio_read64 = aio_read64, Read;
+    aio_write = aio_write, Write;
+    aio_write64 = aio_write64, Write;
+}
+
+macro_rules! lio_hooks {
+    ($($name:ident = $real:ident;)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "` (each read and write charged at submission).")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name(
+            mode: c_int,
+            list: *const *mut libc::aiocb,
+            nent: c_int,
+            sig: *mut libc::sigevent,
+        ) -> c_int {
+            if !list.is_null() && nent > 0 {
+                // SAFETY: the caller passes `nent` entries, as lio_listio requires.
+                let entries = unsafe { std::slice::from_raw_parts(list, nent as usize) };
+                for &cb in entries {
+                    if cb.is_null() {
+                        continue;
+                    }
+                    // SAFETY: a non-null entry is the caller's valid control block.
+                    let t = match unsafe { (*cb).aio_lio_opcode } {
+                        libc::LIO_READ => RequestType::Read,
+                        libc::LIO_WRITE => RequestType::Write,
+                        _ => continue,
+                    };
+                    // SAFETY: as above.
+                    if unsafe { aio_charge(cb, t) }.is_err() {
+                        return refused();
+                    }
+                }
+            }
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            unsafe { real::$real()(mode, list, nent, sig) }
+        }
+    )+};
+}
+
+lio_hooks! {
+    lio_listio = lio_listio;
+    lio_listio64 = lio_listio64;
 }
 
 /// Hook for `fclose`: a stream's reads and writes are not enforced (stdio
@@ -170,7 +402,7 @@ unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
         // SAFETY: the caller's stream, valid until it is closed below.
         let fd = unsafe { libc::fileno(stream) };
         if fd >= 0 {
-            fdtable::clear(fd as u32, fd as u32);
+            forget(fd as u32, fd as u32);
         }
     }
     // SAFETY: the caller's argument, passed on unchanged to libc's `fclose`.

@@ -13,13 +13,30 @@
 //!   64-bit, `v2` and fortified variants), fsync, fdatasync and
 //!   sync_file_range on a classified descriptor are enforced by the
 //!   volume's QoS object before they happen; a refusal is an `EIO`;
+//!   A write is charged before it is made (a short one gets the rest
+//!   back); a read is charged what it read, after it read it and before
+//!   the caller gets it (a 2 MiB read of a 1-byte file costs 1 byte);
+//! * POSIX AIO (`aio_read`, `aio_write`, `lio_listio`) is charged as it is
+//!   submitted;
+//! * `copy_file_range` (`ENOSYS`), `sendfile` and `splice` (`EINVAL`) on a
+//!   limited descriptor are refused with the error that makes callers
+//!   (coreutils `cp`, Python's `shutil`) fall back to read and write;
 //! * dup, dup2, dup3 and `fcntl(F_DUPFD, F_DUPFD_CLOEXEC)` copy the class;
-//!   close, close_range and fclose clear it.
+//!   close, close_range, closefrom, fclose, closedir and freopen clear it.
+//!   A limited descriptor is also checked against the device and inode it
+//!   was classified with before each charge, so a number closed behind the
+//!   library's back (a raw syscall, `fcloseall`) and reused by a call it
+//!   does not hook (`memfd_create`, `socket`) is classified again. In a
+//!   `vfork` child (which shares its parent's memory) the class table is
+//!   left alone.
 //!
 //! Everything else passes through untouched, and a descriptor of no volume
-//! costs one relaxed atomic load per call (no lock, no allocation). Not
-//! enforced: stdio streams (glibc calls itself internally), `mmap`, and
-//! asynchronous engines (io_uring, libaio).
+//! costs one relaxed atomic load per call (no lock, no allocation); one of
+//! a limited volume adds an `fstat`. Not enforced: stdio streams (glibc
+//! calls itself internally), `mmap`, and io_uring or libaio.
+//!
+//! A volume path that does not exist at load is matched as its deepest
+//! existing ancestor (made canonical) plus the rest.
 //!
 //! Environment:
 //! * `KVSDS_RULES`: the rules file. Unset: one line on stderr, nothing limited.

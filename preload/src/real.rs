@@ -67,6 +67,14 @@ type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
 type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
 type CloseRangeFn = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
 type FcloseFn = unsafe extern "C" fn(*mut FILE) -> c_int;
+type ClosefromFn = unsafe extern "C" fn(c_int);
+type ClosedirFn = unsafe extern "C" fn(*mut libc::DIR) -> c_int;
+type FreopenFn = unsafe extern "C" fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE;
+type CopyRangeFn = unsafe extern "C" fn(c_int, *mut off64_t, c_int, *mut off64_t, size_t, c_uint) -> ssize_t;
+type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut off_t, size_t) -> ssize_t;
+type Sendfile64Fn = unsafe extern "C" fn(c_int, c_int, *mut off64_t, size_t) -> ssize_t;
+type AioFn = unsafe extern "C" fn(*mut libc::aiocb) -> c_int;
+type LioFn = unsafe extern "C" fn(c_int, *const *mut libc::aiocb, c_int, *mut libc::sigevent) -> c_int;
 
 next! {
     open = "open": OpenFn;
@@ -109,4 +117,18 @@ next! {
     dup3 = "dup3": Dup3Fn;
     fcntl = "fcntl": FcntlFn;
     fcntl64 = "fcntl64": FcntlFn;
+    closefrom = "closefrom": ClosefromFn;
+    closedir = "closedir": ClosedirFn;
+    freopen = "freopen": FreopenFn;
+    freopen64 = "freopen64": FreopenFn;
+    copy_file_range = "copy_file_range": CopyRangeFn;
+    sendfile = "sendfile": SendfileFn;
+    sendfile64 = "sendfile64": Sendfile64Fn;
+    splice = "splice": CopyRangeFn;
+    aio_read = "aio_read": AioFn;
+    aio_read64 = "aio_read64": AioFn;
+    aio_write = "aio_write": AioFn;
+    aio_write64 = "aio_write64": AioFn;
+    lio_listio = "lio_listio": LioFn;
+    lio_listio64 = "lio_listio64": LioFn;
 }

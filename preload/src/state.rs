@@ -8,7 +8,7 @@
 
 use std::ffi::{OsStr, c_int};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -49,6 +49,21 @@ static NEED_WATCHER: AtomicBool = AtomicBool::new(true);
 /// Held while a reload applies and across `fork` (prepare to parent/child),
 /// so a child never inherits a half-applied reload.
 static RELOAD: AtomicBool = AtomicBool::new(false);
+/// The process whose descriptor table [`fdtable`] describes: set at load
+/// and in a forked child. A `vfork` child shares the parent's memory (and
+/// so the table) but has a descriptor table of its own, and runs no fork
+/// handler: its `close` or `dup2` must not change the parent's classes.
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Whether this process owns [`fdtable`] (false in a `vfork` child before
+/// it execs or exits). One `getpid` syscall: hooks that change the table
+/// call it, data hooks do not.
+pub(crate) fn owns_table() -> bool {
+    // SAFETY: getpid cannot fail and has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let owner = OWNER_PID.load(Ordering::Relaxed);
+    owner == 0 || owner == pid
+}
 
 fn state() -> Option<&'static State> {
     let p = STATE.load(Ordering::Acquire);
@@ -83,10 +98,8 @@ impl State {
             .filter(|v| is_file_volume(v))
             .map(|v| {
                 let mut v = v.clone();
-                if let VolumeSelector::Path(p) = &v.selector
-                    && let Ok(c) = std::fs::canonicalize(p)
-                {
-                    v.selector = VolumeSelector::Path(c);
+                if let VolumeSelector::Path(p) = &v.selector {
+                    v.selector = VolumeSelector::Path(canonical_or_planned(p));
                 }
                 v
             })
@@ -105,6 +118,52 @@ impl State {
             source,
         })
     }
+}
+
+/// The canonical form of a volume's path. One that does not exist yet
+/// (a directory the program makes later) is its deepest existing ancestor,
+/// made canonical, with the rest appended: what the kernel will show for
+/// files made there, unless a symlink is made on the way.
+fn canonical_or_planned(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let absolute = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+    };
+    // Lexically: `.` dropped, `..` taken back (nothing of it exists to
+    // resolve a symlink through).
+    let mut clean = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                clean.pop();
+            }
+            other => clean.push(other.as_os_str()),
+        }
+    }
+    let mut base = clean.as_path();
+    let mut rest = Vec::new();
+    while let Some(parent) = base.parent() {
+        if let Some(name) = base.file_name() {
+            rest.push(name.to_owned());
+        }
+        base = parent;
+        if let Ok(c) = std::fs::canonicalize(base) {
+            let mut out = c;
+            out.extend(rest.iter().rev());
+            eprintln!(
+                "kvsds-preload: volume path {} does not exist yet; files made there later are limited as {}",
+                p.display(),
+                out.display()
+            );
+            return out;
+        }
+    }
+    clean
 }
 
 /// Whether a volume's requests need the stage: it has a limit, or the file
@@ -128,6 +187,8 @@ pub(crate) fn init() {
     let built = RuleSet::load(&path).map_err(|e| e.to_string()).and_then(|rules| State::build(rules, path.clone()));
     match built {
         Ok(state) => {
+            // SAFETY: getpid cannot fail and has no preconditions.
+            OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
             STATE.store(Box::into_raw(Box::new(state)), Ordering::Release);
             // SAFETY: registers plain `extern "C" fn()` handlers that live as
             // long as the library (it is never unloaded: it is preloaded).
@@ -170,6 +231,11 @@ pub(crate) fn classify(fd: c_int) {
     if st.volumes.is_empty() {
         return;
     }
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut sb: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `sb` is a valid out-parameter.
+    let stated = unsafe { libc::fstat(fd, &mut sb) } == 0;
+    let identity = if stated { fdtable::identity(sb.st_dev, sb.st_ino) } else { 0 };
     let mut found = 0u16;
     if st.has_paths {
         let mut link = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
@@ -205,43 +271,98 @@ pub(crate) fn classify(fd: c_int) {
             }
         }
     }
-    if found == 0 && st.has_devices {
-        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-        let mut sb: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `sb` is a valid out-parameter.
-        if unsafe { libc::fstat(fd, &mut sb) } == 0 {
-            let dev = if sb.st_mode & libc::S_IFMT == libc::S_IFBLK { sb.st_rdev } else { sb.st_dev };
-            let (major, minor) = split_dev(dev);
-            if let Some(i) = st.volumes.iter().position(|v| v.holds_device(major, minor)) {
-                found = i as u16 + 1;
-            }
+    if found == 0 && st.has_devices && stated {
+        let dev = if sb.st_mode & libc::S_IFMT == libc::S_IFBLK { sb.st_rdev } else { sb.st_dev };
+        let (major, minor) = split_dev(dev);
+        if let Some(i) = st.volumes.iter().position(|v| v.holds_device(major, minor)) {
+            found = i as u16 + 1;
         }
     }
-    fdtable::set(fd, found);
+    fdtable::set_with_identity(fd, found, identity);
 }
 
-/// Enforces one request of a classified descriptor. `Err` means the stage
-/// refused it: the hook fails the call with `EIO` and does not do it.
-#[inline]
-pub(crate) fn enforce(volume: u16, t: RequestType, size: u64) -> Result<(), ()> {
-    let Some(st) = state() else { return Ok(()) };
-    if NEED_WATCHER.load(Ordering::Relaxed) && NEED_WATCHER.swap(false, Ordering::Relaxed) {
-        start_watcher();
+/// The volume `fd` belongs to now, checked against the identity of the
+/// file it was classified with (see [`fdtable`]): a number reused behind
+/// the library's back is classified again. Only for descriptors of a
+/// limited volume (one `fstat`).
+fn checked_volume(fd: c_int, volume: u16) -> u16 {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut sb: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `sb` is a valid out-parameter.
+    let now = if unsafe { libc::fstat(fd, &mut sb) } == 0 { fdtable::identity(sb.st_dev, sb.st_ino) } else { 0 };
+    if now == fdtable::identity_of(fd) {
+        return volume;
     }
-    let i = volume as usize - 1;
-    if !st.enforced.get(i).is_some_and(|e| e.load(Ordering::Relaxed)) {
-        return Ok(());
+    if owns_table() {
+        classify(fd);
+        fdtable::volume(fd).unwrap_or(0)
+    } else {
+        // A vfork child: decide without writing the parent's table.
+        0
     }
-    let Some(v) = st.volumes.get(i) else { return Ok(()) };
-    let Some(instance) = v.instance else { return Ok(()) };
-    let mut ctx = Context::new(t, size).in_instance(instance);
+}
+
+/// Whether requests of `fd` are limited (a classified descriptor of a
+/// volume with a limit), after checking its identity.
+pub(crate) fn limited(fd: c_int) -> bool {
+    let Some(st) = state() else { return false };
+    let Some(v) = fdtable::volume(fd) else { return false };
+    let enforced = |v: u16| v > 0 && st.enforced.get(v as usize - 1).is_some_and(|e| e.load(Ordering::Relaxed));
+    enforced(v) && enforced(checked_volume(fd, v))
+}
+
+/// The request a volume's descriptor makes, as the stage sees it.
+fn context_of(st: &State, volume: u16, t: RequestType, size: u64) -> Option<Context> {
+    let v = st.volumes.get(volume as usize - 1)?;
+    let mut ctx = Context::new(t, size).in_instance(v.instance?);
     if let Some(tag) = v.tag {
         ctx = ctx.in_context(tag);
     }
+    Some(ctx)
+}
+
+/// Enforces one request of a classified descriptor: `Ok(Some(volume))`
+/// when it was charged to `volume` (settle it with [`settle`] once done),
+/// `Ok(None)` when it is not limited. `Err` means the stage refused it:
+/// the hook fails the call with `EIO` and does not do it.
+#[inline]
+pub(crate) fn enforce(fd: c_int, volume: u16, t: RequestType, size: u64) -> Result<Option<u16>, ()> {
+    let Some(st) = state() else { return Ok(None) };
+    if NEED_WATCHER.load(Ordering::Relaxed) && NEED_WATCHER.swap(false, Ordering::Relaxed) {
+        start_watcher();
+    }
+    let enforced = |v: u16| v > 0 && st.enforced.get(v as usize - 1).is_some_and(|e| e.load(Ordering::Relaxed));
+    if !enforced(volume) {
+        return Ok(None);
+    }
+    let volume = checked_volume(fd, volume);
+    if !enforced(volume) {
+        return Ok(None);
+    }
+    let Some(ctx) = context_of(st, volume, t, size) else { return Ok(None) };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.stage.enforce(&ctx))) {
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(_)) => Ok(Some(volume)),
         _ => Err(()),
     }
+}
+
+/// After a call [`enforce`] charged `size` to `volume`: gives back what it
+/// did not move (`result` is the call's return value; below 0 it failed
+/// and moved nothing), so a read that asked 2 MiB of a 1-byte file costs
+/// 1 byte. `errno` is kept.
+#[inline]
+pub(crate) fn settle(volume: u16, t: RequestType, size: u64, result: i64) {
+    let used = if result > 0 { (result as u64).min(size) } else { 0 };
+    if used == size {
+        return;
+    }
+    let Some(st) = state() else { return };
+    let Some(ctx) = context_of(st, volume, t, size) else { return };
+    // SAFETY: errno is the calling thread's own.
+    let errno = unsafe { *libc::__errno_location() };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.stage.refund(&ctx, size - used)));
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 extern "C" fn before_fork() {
@@ -259,6 +380,8 @@ extern "C" fn after_fork_child() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(st) = state() {
             let rules = st.rules.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            // SAFETY: getpid cannot fail and has no preconditions.
+            OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
             match State::build(rules, st.source.clone()) {
                 Ok(new) => STATE.store(Box::into_raw(Box::new(new)), Ordering::Release),
                 Err(e) => eprintln!("kvsds-preload: forked child keeps its parent's stage: {e}"),

@@ -215,3 +215,71 @@ fn a_bad_rules_file_stops_the_program_with_one_line_or_passes_through_when_asked
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("missing.toml"), "{err}");
 }
+
+/// Runs `program args` under the library with `rules`; returns how long it
+/// took, after checking it succeeded.
+fn timed_under(rules: &Path, program: &str, args: &[&std::ffi::OsStr]) -> Duration {
+    let t = std::time::Instant::now();
+    let out = Command::new(program)
+        .args(args)
+        .env("LD_PRELOAD", support::library())
+        .env("KVSDS_RULES", rules)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    let took = t.elapsed();
+    assert!(out.status.success(), "{program} {args:?}: {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    took
+}
+
+#[test]
+fn cp_and_dd_stay_within_the_limits_and_short_reads_cost_what_they_read() {
+    let _one = support::serial();
+    let dir = scratch();
+    let d = dir.path();
+    data_file(&d.join("slow/src"), 4);
+    let rules = d.join("rules.toml");
+    write_rules(&rules, &volumes(&[("slow", &d.join("slow"), "rbps=1MiB wbps=1MiB")]));
+    // coreutils 9 cp copies with copy_file_range: refused on a limited
+    // descriptor, it falls back to read and write, which are charged.
+    // 4 MiB at 1 MiB/s each way: at least 3.5 s (the burst is 10 ms).
+    let (src, dst) = (d.join("slow/src"), d.join("slow/dst"));
+    let took = timed_under(&rules, "cp", &[src.as_os_str(), dst.as_os_str()]);
+    eprintln!("cp of 4 MiB under rbps=wbps=1MiB: {took:?}");
+    assert!(took >= Duration::from_millis(3500), "cp escaped the limit: {took:?}");
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap(), "cp's copy differs");
+    // dd's 2 MiB reads of a 1-byte file: 1 byte each, not 2 MiB.
+    std::fs::write(d.join("slow/one"), b"x").unwrap();
+    let input = std::ffi::OsString::from(format!("if={}", d.join("slow/one").display()));
+    let took = timed_under(&rules, "dd", &[&input, "of=/dev/null".as_ref(), "bs=2M".as_ref()]);
+    eprintln!("dd bs=2M of a 1-byte file under rbps=1MiB: {took:?}");
+    assert!(took < Duration::from_millis(1500), "a 1-byte file cost {took:?}");
+    // And dd of the 4 MiB file is still limited.
+    let input = std::ffi::OsString::from(format!("if={}", src.display()));
+    let took = timed_under(&rules, "dd", &[&input, "of=/dev/null".as_ref(), "bs=1M".as_ref()]);
+    assert!(took >= Duration::from_millis(3500), "dd read 4 MiB in {took:?}");
+}
+
+#[test]
+fn no_escape_through_closefrom_raw_close_vfork_short_reads_kernel_copies_or_a_later_directory() {
+    let _one = support::serial();
+    let dir = scratch();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("real")).unwrap();
+    std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
+    let rules = d.join("rules.toml");
+    write_rules(
+        &rules,
+        &volumes(&[("slow", &d.join("slow"), "rbps=1MiB wbps=1MiB"), ("later", &d.join("link/later"), "wbps=1MiB")]),
+    );
+    let probe = support::profile_dir().join("examples/escape_probe");
+    let out = Command::new(&probe)
+        .arg(d)
+        .env("LD_PRELOAD", support::library())
+        .env("KVSDS_RULES", &rules)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (cargo builds examples with the tests)", probe.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "escape_probe: {}", out.status);
+    assert!(text.contains("a file in a volume made after start"), "{text}");
+}
