@@ -132,9 +132,14 @@ fn roundtrip(iterations: usize) -> Result<(), Box<dyn std::error::Error>> {
         "127.0.0.1:0".parse::<Endpoint>()?,
         format!("unix:{}", dir.path().join("rt.sock").display()).parse::<Endpoint>()?,
     ] {
-        let agent = StageAgent::serve(Arc::clone(&stage), &endpoint)?;
-        let remote = Connector::new(ClientOptions { lease: Duration::from_secs(3), ..Default::default() })?
-            .connect(agent.endpoint())?;
+        // A TCP listener needs a token; the Unix socket takes it too.
+        let agent = StageAgent::builder(Arc::clone(&stage)).token("bench-token").serve(&endpoint)?;
+        let remote = Connector::new(ClientOptions {
+            lease: Duration::from_secs(3),
+            token: Some("bench-token".into()),
+            ..Default::default()
+        })?
+        .connect(agent.endpoint())?;
         let object = remote.object("fg", "drl");
         assert!(object.is_none(), "no layout read yet");
         remote.stage_info()?;

@@ -12,8 +12,9 @@
 //!
 //! ```text
 //! cargo build --release -p kv-remote --example tenant --bin kvsds-controller
+//! install -d -m 0700 /run/kvsds
 //! for t in t1 t2 t3; do
-//!     target/release/examples/tenant --name $t --listen unix:/tmp/kvsds-$t.sock --duration 120s &
+//!     target/release/examples/tenant --name $t --listen unix:/run/kvsds/$t.sock --duration 120s &
 //! done
 //! target/release/kvsds-controller --config remote/examples/fleet.toml --duration 100s
 //! ```

@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kv_stage::{ObjectConfig, ObjectSpec, Rate, Rule, RuleSet, RulesFormat, Stage};
+use kv_stage::{
+    Checkpoint, DrlSettings, ObjectConfig, ObjectSpec, QosSpec, Rate, RateUnit, RequestContext, Rule, RuleSet,
+    RulesFormat, Stage,
+};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
@@ -60,9 +63,12 @@ impl std::str::FromStr for Endpoint {
 /// it in time).
 #[derive(Debug, Clone, Default)]
 pub enum Fallback {
-    /// Every object a controller changed under a lease gets back the
-    /// configuration it had before the first such change: the stage's own
-    /// (from its rules file or the code that built it). The default.
+    /// The whole stage model goes back to what it was when the lease was
+    /// taken ([`Stage::checkpoint`] / [`Stage::restore`]): channels and
+    /// objects made under the lease are removed, removed ones made again,
+    /// routes, defaults and every object's settings as they were. Changes
+    /// the application itself made to the stage's rules during the lease
+    /// are undone too; its open instances are not. The default.
     #[default]
     Restore,
     /// These rules are applied (all or nothing), e.g. a file of safe rates.
@@ -84,6 +90,7 @@ impl Fallback {
 
 /// What an agent counted since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AgentStats {
     /// Calls served (answered, with success or an error status).
     pub calls: u64,
@@ -92,8 +99,15 @@ pub struct AgentStats {
     /// Calls refused for a protocol version the agent does not speak.
     pub refused_version: u64,
     /// Calls refused because their content was invalid (bad rules, bad
-    /// settings, an unknown object).
+    /// settings, an unknown object) or beyond the agent's bounds (a rate
+    /// below `min_rate`, no lease where one is required, too many
+    /// channels, ...).
     pub refused_invalid: u64,
+    /// Connections refused: over `max_connections`, or a Unix peer whose
+    /// uid is not allowed.
+    pub refused_connections: u64,
+    /// Connections closed after `idle_timeout` without a byte read.
+    pub idle_closed: u64,
     /// Times the lease ran out and the stage fell back.
     pub fallbacks: u64,
     /// Whether a lease is held now.
@@ -105,6 +119,65 @@ pub struct AgentStats {
 pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
 /// Default longest lease granted.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(60);
+/// Default shortest lease accepted.
+pub const DEFAULT_MIN_LEASE: Duration = Duration::from_millis(100);
+/// Longest lease an agent can be set to grant.
+const LEASE_CEILING: Duration = Duration::from_secs(24 * 3600);
+/// How long a fallback that failed waits before it is tried again.
+const FALLBACK_RETRY: Duration = Duration::from_secs(1);
+
+/// What an agent accepts from a caller that passed its token (or, on a
+/// Unix socket, its peer check): [`AgentBuilder::limits`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentLimits {
+    /// Every change must carry a lease (default true): a change with
+    /// `lease_ms = 0` is refused, so no remote change outlives its
+    /// controller. False lets a caller make lasting changes.
+    pub require_lease: bool,
+    /// The shortest lease accepted (default [`DEFAULT_MIN_LEASE`]); a
+    /// shorter one is refused, not rounded up.
+    pub min_lease: Duration,
+    /// The lowest bandwidth a DRL or QoS limit may be set to, bytes/s
+    /// (default 1024, the controller's own floor). Rate 0 is always below.
+    pub min_bytes_per_sec: f64,
+    /// The lowest operation rate, ops/s (default 1).
+    pub min_ops_per_sec: f64,
+    /// The largest burst, in tokens (bytes or operations; default 1 GiB),
+    /// given as `burst` or as a rate times a `refill_period`.
+    pub max_burst: f64,
+    /// Application contexts a rules batch may declare that are not
+    /// registered yet (default 4).
+    pub max_new_contexts: usize,
+    /// Context ids a batch must leave free for the application's own
+    /// `RequestContext::register` (default 64 of the 240).
+    pub reserved_contexts: usize,
+    /// Channels a stage may have after a remote batch (default 64).
+    pub max_channels: usize,
+    /// Objects a stage may have after a remote batch, all channels
+    /// together (default 256).
+    pub max_objects: usize,
+}
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        AgentLimits {
+            require_lease: true,
+            min_lease: DEFAULT_MIN_LEASE,
+            min_bytes_per_sec: 1024.0,
+            min_ops_per_sec: 1.0,
+            max_burst: f64::from(1u32 << 30),
+            max_new_contexts: 4,
+            reserved_contexts: 64,
+            max_channels: 64,
+            max_objects: 256,
+        }
+    }
+}
+
+/// Default cap on open control connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
+/// Default time a control connection may stay without a byte read.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Builds a [`StageAgent`].
 #[derive(Debug)]
@@ -117,9 +190,42 @@ pub struct AgentBuilder {
     fallback: Fallback,
     name: Option<String>,
     runtime: Option<tokio::runtime::Handle>,
+    limits: AgentLimits,
+    max_connections: usize,
+    idle_timeout: Duration,
+    allowed_uids: Option<Vec<u32>>,
 }
 
 impl AgentBuilder {
+    /// What callers may set ([`AgentLimits`]; default its `Default`).
+    pub fn limits(mut self, limits: AgentLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Caps the control connections open at once (default
+    /// [`DEFAULT_MAX_CONNECTIONS`]); one more is closed as it arrives.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Closes a connection on which nothing was read this long (default
+    /// [`DEFAULT_IDLE_TIMEOUT`]). A controller polling every second or so
+    /// is never idle that long.
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = d;
+        self
+    }
+
+    /// On a Unix socket, the peer uids accepted (checked with
+    /// `SO_PEERCRED` as each connection arrives). Default: the agent's own
+    /// effective uid and root.
+    pub fn allowed_uids(mut self, uids: impl IntoIterator<Item = u32>) -> Self {
+        self.allowed_uids = Some(uids.into_iter().collect());
+        self
+    }
+
     /// Serves another stage on the same endpoint: calls name it in their
     /// `kvsds-stage` metadata, and `CollectAll` reads every stage in one
     /// call (see `Connector::connect_all`). Stage names must differ.
@@ -137,13 +243,17 @@ impl AgentBuilder {
     }
 
     /// Requires `authorization: Bearer <token>` on every call. Needed to
-    /// listen beyond loopback.
+    /// listen on TCP (loopback included: any local user can reach a
+    /// loopback port); a Unix socket relies on the peer's uid instead,
+    /// and takes a token too when one is set.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
         self
     }
 
-    /// Allows a TCP address that is not loopback (with a token only).
+    /// Allows a TCP address that is not loopback (with a token only; the
+    /// token then crosses the network in clear text: put a TLS tunnel in
+    /// front).
     pub fn allow_remote(mut self, allow: bool) -> Self {
         self.allow_remote = allow;
         self
@@ -155,8 +265,8 @@ impl AgentBuilder {
         self
     }
 
-    /// The longest lease granted (default [`DEFAULT_MAX_LEASE`]); a
-    /// controller asking for more gets this.
+    /// The longest lease granted (default [`DEFAULT_MAX_LEASE`], at most a
+    /// day); a controller asking for more gets this.
     pub fn max_lease(mut self, lease: Duration) -> Self {
         self.max_lease = lease;
         self
@@ -176,12 +286,38 @@ impl AgentBuilder {
     }
 
     /// Listens on `endpoint` and serves until the agent is dropped or shut
-    /// down. A Unix socket is created with mode 0600 (a stale socket file
-    /// nobody listens on is replaced); a TCP address must be loopback
-    /// unless [`allow_remote`](Self::allow_remote) and a token are set.
+    /// down. A Unix socket is created with mode 0600 from the start (a
+    /// stale socket file nobody listens on is replaced) and accepts peers
+    /// of the allowed uids only; a TCP listener needs a token, and must be
+    /// loopback unless [`allow_remote`](Self::allow_remote) is set.
     pub fn serve(self, endpoint: &Endpoint) -> Result<StageAgent> {
         if self.max_message < 1024 {
             return Err(Error::Agent(format!("max_message_size {} is below 1 KiB", self.max_message)));
+        }
+        let l = &self.limits;
+        if self.max_lease > LEASE_CEILING || self.max_lease < l.min_lease || l.min_lease.is_zero() {
+            return Err(Error::Agent(format!(
+                "max_lease {:?} and min_lease {:?}: need 0 < min_lease <= max_lease <= 24h",
+                self.max_lease, l.min_lease
+            )));
+        }
+        if l.min_bytes_per_sec.is_nan()
+            || l.min_ops_per_sec.is_nan()
+            || l.min_bytes_per_sec <= 0.0
+            || l.min_ops_per_sec <= 0.0
+        {
+            return Err(Error::Agent("limits: min_bytes_per_sec and min_ops_per_sec must be above 0".into()));
+        }
+        if l.max_burst.is_nan() || l.max_burst <= 0.0 {
+            return Err(Error::Agent("limits: max_burst must be above 0".into()));
+        }
+        if self.max_connections == 0 || self.idle_timeout.is_zero() {
+            return Err(Error::Agent("max_connections and idle_timeout must be above 0".into()));
+        }
+        if matches!(endpoint, Endpoint::Tcp(_)) && self.token.is_none() {
+            return Err(Error::Agent(format!(
+                "{endpoint}: a TCP listener needs a token (AgentBuilder::token), since any local user can connect to it; a Unix socket checks its peer's uid instead"
+            )));
         }
         if let Some(t) = &self.token
             && (t.is_empty() || t.bytes().any(|b| !(0x21..0x7f).contains(&b)))
@@ -227,6 +363,7 @@ impl AgentBuilder {
                 stage: Arc::clone(stage),
                 name: if self.stages.len() == 1 { label.clone() } else { name },
                 max_lease: self.max_lease,
+                limits: self.limits.clone(),
                 fallback: self.fallback.clone(),
                 lease: Mutex::new(Lease::default()),
                 leased: tokio::sync::Notify::new(),
@@ -241,7 +378,19 @@ impl AgentBuilder {
             refused_token: AtomicU64::new(0),
             refused_version: AtomicU64::new(0),
             refused_stage: AtomicU64::new(0),
+            refused_connections: Arc::new(AtomicU64::new(0)),
+            idle_closed: Arc::new(AtomicU64::new(0)),
         });
+        let gate = Gate {
+            permits: Arc::new(tokio::sync::Semaphore::new(self.max_connections)),
+            idle: self.idle_timeout,
+            refused: Arc::clone(&core.refused_connections),
+            idle_closed: Arc::clone(&core.idle_closed),
+        };
+        let uids = match self.allowed_uids.clone() {
+            Some(u) => u,
+            None => vec![own_uid()?, 0],
+        };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let service = Service { core: Arc::clone(&core) };
         let check = Arc::clone(&core);
@@ -261,8 +410,25 @@ impl AgentBuilder {
         };
         let (local, socket_path, server) = match endpoint {
             Endpoint::Unix(path) => {
+                use tokio_stream::StreamExt;
                 let listener = bind_unix(path)?;
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let refused = Arc::clone(&core.refused_connections);
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).filter_map(move |r| match r {
+                    Ok(s) => {
+                        let uid = s.peer_cred().map(|c| c.uid());
+                        if uid.as_ref().is_ok_and(|u| uids.contains(u)) {
+                            gate.admit(s).map(Ok)
+                        } else {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            eprintln!(
+                                "kvsds-agent: refused a connection from uid {} (allowed: {uids:?})",
+                                uid.map_or_else(|e| e.to_string(), |u| u.to_string())
+                            );
+                            None
+                        }
+                    }
+                    Err(e) => Some(Err(e)),
+                });
                 let task = handle.spawn(router.serve_with_incoming_shutdown(incoming, shutdown));
                 (endpoint.clone(), Some(path.clone()), task)
             }
@@ -274,7 +440,13 @@ impl AgentBuilder {
                 };
                 let listener = listen(*addr).map_err(|e| Error::Agent(format!("listening on {addr}: {e}")))?;
                 let local = listener.local_addr().map_err(|e| Error::Agent(format!("{addr}: {e}")))?;
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let incoming = {
+                    use tokio_stream::StreamExt;
+                    tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(move |r| match r {
+                        Ok(s) => gate.admit(s).map(Ok),
+                        Err(e) => Some(Err(e)),
+                    })
+                };
                 let task = handle.spawn(router.serve_with_incoming_shutdown(incoming, shutdown));
                 (Endpoint::Tcp(local), None, task)
             }
@@ -318,11 +490,156 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
         }
         std::fs::remove_file(path).map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
     }
-    let listener = tokio::net::UnixListener::bind(path)
-        .map_err(|e| Error::Agent(format!("listening on {}: {e}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
-    Ok(listener)
+    // Bound in a private directory next to the path (mode 0700), made
+    // 0600 there, then renamed into place: no moment where the socket
+    // exists with the umask's permissions.
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let private = tempdir_in(parent).map_err(|e| Error::Agent(format!("{}: {e}", parent.display())))?;
+    let staged = private.join("agent.sock");
+    let result = (|| {
+        let listener = tokio::net::UnixListener::bind(&staged)
+            .map_err(|e| Error::Agent(format!("listening on {}: {e}", path.display())))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
+        std::fs::rename(&staged, path).map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    result
+}
+
+/// A new directory of mode 0700 in `parent`.
+fn tempdir_in(parent: &std::path::Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let pid = std::process::id();
+    for attempt in 0..100u32 {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let dir = parent.join(format!(".kvsds-agent-{pid}-{nanos:x}-{attempt}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free name for a private directory"))
+}
+
+/// The effective uid of this process (the owner of `/proc/self`).
+pub(crate) fn own_uid() -> Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(|e| Error::Agent(format!("/proc/self: {e}")))
+}
+
+/// Admits connections: at most `permits` open at once, each closed after
+/// `idle` without a byte read.
+#[derive(Clone)]
+struct Gate {
+    permits: Arc<tokio::sync::Semaphore>,
+    idle: Duration,
+    refused: Arc<AtomicU64>,
+    idle_closed: Arc<AtomicU64>,
+}
+
+impl Gate {
+    fn admit<S>(&self, io: S) -> Option<Guarded<S>> {
+        match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(permit) => Some(Guarded {
+                io,
+                idle: self.idle,
+                deadline: Box::pin(tokio::time::sleep(self.idle)),
+                idle_closed: Arc::clone(&self.idle_closed),
+                _permit: permit,
+            }),
+            Err(_) => {
+                // Dropping the stream closes it.
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+/// A connection under the gate: holds its permit until it closes, and
+/// fails its reads once nothing was read for `idle`.
+struct Guarded<S> {
+    io: S,
+    idle: Duration,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    idle_closed: Arc<AtomicU64>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Guarded<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    let next = tokio::time::Instant::now() + this.idle;
+                    this.deadline.as_mut().reset(next);
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    this.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "idle control connection")))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Guarded<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for Guarded<S> {
+    type ConnectInfo = S::ConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
 }
 
 /// A running agent: serves its stage's control calls until dropped (or
@@ -353,8 +670,11 @@ pub struct StageAgent {
 }
 
 impl StageAgent {
-    /// An agent with the defaults (no token, loopback or Unix socket only,
-    /// 4 MiB messages, leases up to 60 s, fallback [`Fallback::Restore`]).
+    /// An agent with the defaults: a Unix socket (TCP needs a token, see
+    /// [`AgentBuilder::token`]), peers of this process's uid or root, 4 MiB
+    /// messages, changes only under a lease of 100 ms to 60 s, the bounds
+    /// of [`AgentLimits::default`], 32 connections idle at most 60 s,
+    /// fallback [`Fallback::Restore`].
     pub fn serve(stage: Arc<Stage>, endpoint: &Endpoint) -> Result<StageAgent> {
         Self::builder(stage).serve(endpoint)
     }
@@ -370,6 +690,10 @@ impl StageAgent {
             fallback: Fallback::default(),
             name: None,
             runtime: None,
+            limits: AgentLimits::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            allowed_uids: None,
         }
     }
 
@@ -389,6 +713,8 @@ impl StageAgent {
             refused_invalid: sum(|s| s.refused_invalid.load(Ordering::Relaxed))
                 + c.refused_stage.load(Ordering::Relaxed),
             fallbacks: sum(|s| s.fallbacks.load(Ordering::Relaxed)),
+            refused_connections: c.refused_connections.load(Ordering::Relaxed),
+            idle_closed: c.idle_closed.load(Ordering::Relaxed),
             leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline.is_some()),
         }
     }
@@ -424,8 +750,11 @@ impl Drop for StageAgent {
 #[derive(Debug, Default)]
 struct Lease {
     deadline: Option<Instant>,
-    /// Objects changed under the lease and their configuration before.
-    originals: Vec<(String, String, ObjectSpec)>,
+    /// The stage as it was when the lease was taken.
+    checkpoint: Option<Checkpoint>,
+    /// The lease ran out and its fallback failed: `deadline` is the next
+    /// try, and collects do not renew it.
+    retrying: bool,
 }
 
 /// What an agent shares across its stages: the token and the counters of
@@ -439,6 +768,8 @@ struct Core {
     refused_token: AtomicU64,
     refused_version: AtomicU64,
     refused_stage: AtomicU64,
+    refused_connections: Arc<AtomicU64>,
+    idle_closed: Arc<AtomicU64>,
 }
 
 /// One stage an agent serves, with its lease.
@@ -447,6 +778,7 @@ struct Shared {
     stage: Arc<Stage>,
     name: String,
     max_lease: Duration,
+    limits: AgentLimits,
     fallback: Fallback,
     lease: Mutex<Lease>,
     /// Wakes the lease watcher when a lease is taken.
@@ -563,88 +895,269 @@ impl Shared {
         Duration::from_millis(lease_ms).min(self.max_lease)
     }
 
-    /// Renews a lease that is held.
+    /// Renews a lease that is held (a shorter one wakes the watcher, so
+    /// the new deadline is kept).
     fn renew(&self, lease_ms: u64) {
         if lease_ms == 0 {
             return;
         }
         let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
-        if lease.deadline.is_some() {
-            lease.deadline = Some(Instant::now() + self.clamp(lease_ms));
+        if let Some(old) = lease.deadline
+            && !lease.retrying
+        {
+            let new = Instant::now() + self.clamp(lease_ms);
+            lease.deadline = Some(new);
+            if new < old {
+                self.leased.notify_one();
+            }
         }
     }
 
-    /// Remembers how `targets` are configured now (the first time each is
-    /// changed under a lease) and takes the lease.
-    fn take_lease(&self, lease: &mut Lease, lease_ms: u64, targets: &[(String, String)]) {
-        for (c, o) in targets {
-            if lease.originals.iter().any(|(x, y, _)| x == c && y == o) {
-                continue;
-            }
-            if let Some(spec) = self.stage.object(c, o).and_then(|h| h.spec()) {
-                lease.originals.push((c.clone(), o.clone(), spec));
-            }
+    /// Refuses a change this agent does not take: none without a lease
+    /// (when one is required), none with a lease below the minimum.
+    fn check_lease_ms(&self, lease_ms: u64) -> std::result::Result<(), Status> {
+        let l = &self.limits;
+        if lease_ms == 0 && l.require_lease {
+            return Err(self.invalid(Status::failed_precondition(
+                "field `lease_ms`: this agent takes changes only under a lease (give lease_ms > 0)",
+            )));
         }
-        if lease.deadline.replace(Instant::now() + self.clamp(lease_ms)).is_none() {
-            self.leased.notify_one();
+        if lease_ms > 0 && Duration::from_millis(lease_ms) < l.min_lease {
+            return Err(self.invalid(Status::invalid_argument(format!(
+                "field `lease_ms`: {lease_ms} ms is below this agent's shortest lease ({} ms)",
+                l.min_lease.as_millis()
+            ))));
         }
+        Ok(())
     }
 
-    /// Falls back when the lease ran out.
+    /// Takes (or extends) the lease, remembering the stage as it is now
+    /// when none was held. The watcher is woken: the deadline may be
+    /// earlier than the one it sleeps on.
+    fn take_lease(&self, lease: &mut Lease, lease_ms: u64) {
+        if lease.checkpoint.is_none() {
+            lease.checkpoint = Some(self.stage.checkpoint());
+        }
+        lease.deadline = Some(Instant::now() + self.clamp(lease_ms));
+        lease.retrying = false;
+        self.leased.notify_one();
+    }
+
+    /// Falls back when the lease ran out; a fallback that fails is tried
+    /// again every [`FALLBACK_RETRY`] until it succeeds or a controller
+    /// takes the lease again.
     fn check_lease(&self, now: Instant) {
         let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
         match lease.deadline {
             Some(d) if d <= now => {}
             _ => return,
         }
-        lease.deadline = None;
-        let originals = std::mem::take(&mut lease.originals);
-        let what = match &self.fallback {
-            Fallback::Keep => "kept the last configuration (fallback = keep)".to_owned(),
+        let attempt = if lease.retrying { "again " } else { "" };
+        let result: std::result::Result<String, String> = match &self.fallback {
+            Fallback::Keep => Ok("kept the last configuration (fallback = keep)".to_owned()),
             Fallback::Rules(rules) => match self.stage.apply(rules) {
                 Ok(r) => {
-                    format!("applied the fallback rules ({} rules, generation {})", rules.rules.len(), r.generation)
+                    Ok(format!("applied the fallback rules ({} rules, generation {})", rules.rules.len(), r.generation))
                 }
-                Err(e) => format!("could not apply the fallback rules: {e}"),
+                Err(e) => Err(format!("could not apply the fallback rules: {e}")),
             },
-            Fallback::Restore => {
-                let mut restored = Vec::new();
-                let mut failed = Vec::new();
-                for (c, o, spec) in &originals {
-                    match (self.stage.object(c, o), restore_config(spec)) {
-                        (Some(h), Some(set)) => match h.configure(&set) {
-                            Ok(()) => restored.push(format!("{c}/{o} = {}", convert::spec_json(Some(spec)))),
-                            Err(e) => failed.push(format!("{c}/{o}: {e}")),
-                        },
-                        (None, _) => failed.push(format!("{c}/{o}: removed")),
-                        (_, None) => failed.push(format!("{c}/{o}: its configuration cannot be written back")),
+            Fallback::Restore => match lease.checkpoint.as_ref().map(|c| (c.generation(), self.stage.restore(c))) {
+                None => Ok("nothing to restore".to_owned()),
+                Some((from, Ok(r))) => {
+                    let mut s = format!(
+                        "restored the stage's layout and settings of generation {from}, from before the lease (now generation {})",
+                        r.generation
+                    );
+                    if !r.warnings.is_empty() {
+                        s += &format!("; {}", r.warnings.join("; "));
                     }
+                    Ok(s)
                 }
-                let mut s = format!("restored {} object(s) to the stage's own configuration", restored.len());
-                if !restored.is_empty() {
-                    s += &format!(": {}", restored.join(", "));
-                }
-                if !failed.is_empty() {
-                    s += &format!("; not restored: {}", failed.join(", "));
-                }
-                s
-            }
+                Some((_, Err(e))) => Err(format!("could not restore the stage: {e}")),
+            },
         };
-        drop(lease);
-        let n = self.fallbacks.fetch_add(1, Ordering::Relaxed) + 1;
-        let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        eprintln!(
-            "kvsds-agent {}: lease expired, no controller renewed it (fallback #{n} at unix ms {unix_ms}): {what}",
-            self.name
-        );
+        match result {
+            Ok(what) => {
+                lease.deadline = None;
+                lease.checkpoint = None;
+                lease.retrying = false;
+                drop(lease);
+                let n = self.fallbacks.fetch_add(1, Ordering::Relaxed) + 1;
+                eprintln!(
+                    "kvsds-agent {}: lease expired, no controller renewed it (fallback #{n} {attempt}at unix ms {}): {what}",
+                    self.name,
+                    unix_ms()
+                );
+            }
+            Err(why) => {
+                lease.deadline = Some(now + FALLBACK_RETRY);
+                lease.retrying = true;
+                drop(lease);
+                eprintln!(
+                    "kvsds-agent {}: lease expired at unix ms {}: {why}; trying again in {FALLBACK_RETRY:?}",
+                    self.name,
+                    unix_ms()
+                );
+            }
+        }
+    }
+
+    /// Refuses a batch beyond the agent's bounds: rates, bursts, declared
+    /// contexts, the number of channels and objects it would leave.
+    fn check_rules(&self, rules: &RuleSet) -> std::result::Result<(), String> {
+        let l = &self.limits;
+        let pending = rules.pending_contexts();
+        if pending.len() > l.max_new_contexts {
+            return Err(format!(
+                "the batch declares {} new request contexts ({}), over this agent's max_new_contexts {}",
+                pending.len(),
+                pending.join(", "),
+                l.max_new_contexts
+            ));
+        }
+        // The batch's new contexts are reserved already: what is free now
+        // is what would be left.
+        if !pending.is_empty() && RequestContext::free_ids() < l.reserved_contexts {
+            return Err(format!(
+                "declaring {} would leave {} request context ids free, fewer than the {} this agent keeps for the application",
+                pending.join(", "),
+                RequestContext::free_ids(),
+                l.reserved_contexts
+            ));
+        }
+        let info = self.stage.stage_info();
+        let mut channels = info.channels.len();
+        let mut objects: usize = info.channels.iter().map(|c| c.objects.len()).sum();
+        for e in &rules.rules {
+            let at = |m: String| format!("{}: {m}", e.location);
+            match &e.rule {
+                Rule::CreateChannel { .. } => channels += 1,
+                Rule::RemoveChannel { channel } => {
+                    channels = channels.saturating_sub(1);
+                    let n = info.channels.iter().find(|c| c.id == *channel).map_or(0, |c| c.objects.len());
+                    objects = objects.saturating_sub(n);
+                }
+                Rule::CreateObject { channel, object, spec, .. } => {
+                    objects += 1;
+                    self.check_spec(&format!("{channel}/{object}"), spec).map_err(at)?;
+                }
+                Rule::RemoveObject { .. } => objects = objects.saturating_sub(1),
+                Rule::Configure { channel, object, set, .. } => {
+                    let current = self.stage.object(channel, object).and_then(|h| h.spec());
+                    self.check_config(&format!("{channel}/{object}"), current.as_ref(), set).map_err(at)?;
+                }
+                _ => {}
+            }
+        }
+        if channels > l.max_channels {
+            return Err(format!(
+                "the batch would leave {channels} channels, over this agent's max_channels {}",
+                l.max_channels
+            ));
+        }
+        if objects > l.max_objects {
+            return Err(format!(
+                "the batch would leave {objects} objects, over this agent's max_objects {}",
+                l.max_objects
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_rate(&self, what: &str, r: Rate) -> std::result::Result<(), String> {
+        if r.is_unlimited() {
+            return Ok(());
+        }
+        let (min, unit) = match r.unit() {
+            RateUnit::Bytes => (self.limits.min_bytes_per_sec, "bytes/s"),
+            RateUnit::Ops => (self.limits.min_ops_per_sec, "ops/s"),
+        };
+        if r.per_sec() < min {
+            return Err(format!("{what}: {r} is below this agent's lowest rate, {min} {unit}"));
+        }
+        Ok(())
+    }
+
+    fn check_burst(&self, what: &str, tokens: f64) -> std::result::Result<(), String> {
+        if tokens.is_nan() || tokens > self.limits.max_burst {
+            return Err(format!(
+                "{what}: a burst of {tokens} tokens is over this agent's max_burst {}",
+                self.limits.max_burst
+            ));
+        }
+        Ok(())
+    }
+
+    /// A rate and the burst its refill period makes.
+    fn check_flow(&self, what: &str, rate: Option<Rate>, period: Option<Duration>) -> std::result::Result<(), String> {
+        if let Some(r) = rate {
+            self.check_rate(what, r)?;
+            if let Some(p) = period
+                && !r.is_unlimited()
+            {
+                self.check_burst(what, r.per_sec() * p.as_secs_f64())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_spec(&self, label: &str, spec: &ObjectSpec) -> std::result::Result<(), String> {
+        match spec {
+            ObjectSpec::Drl(d) => {
+                self.check_flow(&format!("{label} rate"), Some(d.rate), d.refill_period)?;
+                if let Some(b) = d.burst {
+                    self.check_burst(&format!("{label} burst"), b.get())?;
+                }
+                Ok(())
+            }
+            ObjectSpec::Qos(q) => {
+                for (k, r) in [("rbps", q.rbps), ("wbps", q.wbps), ("riops", q.riops), ("wiops", q.wiops)] {
+                    self.check_flow(&format!("{label} {k}"), r, q.refill_period)?;
+                }
+                Ok(())
+            }
+            ObjectSpec::Noop | ObjectSpec::Batch(_) => Ok(()),
+        }
+    }
+
+    /// A change to an object now configured as `current`.
+    fn check_config(
+        &self,
+        label: &str,
+        current: Option<&ObjectSpec>,
+        set: &ObjectConfig,
+    ) -> std::result::Result<(), String> {
+        match current {
+            Some(ObjectSpec::Drl(d)) => {
+                let s: DrlSettings = set.parse("drl").map_err(|e| format!("{label}: {}: {}", e.field, e.message))?;
+                let rate = s.rate.unwrap_or(d.rate);
+                let period = s.refill_period.or(if s.rate.is_some() { d.refill_period } else { None });
+                self.check_flow(&format!("{label} rate"), Some(rate), period)?;
+                if let Some(b) = s.burst {
+                    self.check_burst(&format!("{label} burst"), b.get())?;
+                }
+                Ok(())
+            }
+            Some(ObjectSpec::Qos(q)) => {
+                let s: QosSpec = set.parse("qos").map_err(|e| format!("{label}: {}: {}", e.field, e.message))?;
+                let period = s.refill_period.or(q.refill_period);
+                for (k, new, old) in [
+                    ("rbps", s.rbps, q.rbps),
+                    ("wbps", s.wbps, q.wbps),
+                    ("riops", s.riops, q.riops),
+                    ("wiops", s.wiops, q.wiops),
+                ] {
+                    self.check_flow(&format!("{label} {k}"), new.or(old), period)?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
-/// The change that gives an object back the configuration `spec` describes.
-fn restore_config(spec: &ObjectSpec) -> Option<ObjectConfig> {
-    let serde_json::Value::Object(mut map) = serde_json::to_value(spec).ok()? else { return None };
-    map.remove("kind");
-    serde_json::from_value(serde_json::Value::Object(map)).ok()
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
 struct Service {
@@ -736,23 +1249,17 @@ impl StageAgentService for Service {
                 ))));
             }
         };
+        s.check_lease_ms(r.lease_ms)?;
         let source: Arc<str> = if r.source.is_empty() { "remote rules".into() } else { r.source.as_str().into() };
         let rules = RuleSet::parse(&r.text, format, Some(source), &kv_stage::paio::PaioOptions::default())
             .map_err(|e| s.invalid(stage_status(&e)))?;
-        let targets: Vec<(String, String)> = rules
-            .rules
-            .iter()
-            .filter_map(|e| match &e.rule {
-                Rule::Configure { channel, object, .. } => Some((channel.clone(), object.clone())),
-                _ => None,
-            })
-            .collect();
         // The lease is taken under its lock, so a fallback cannot run
-        // between the snapshot of the originals and the change.
+        // between the checkpoint and the change.
         let mut lease = s.lease.lock().unwrap_or_else(|e| e.into_inner());
-        let (before, deadline) = (lease.originals.clone(), lease.deadline);
+        s.check_rules(&rules).map_err(|m| s.invalid(Status::invalid_argument(m)))?;
+        let (checkpoint, deadline, retrying) = (lease.checkpoint.clone(), lease.deadline, lease.retrying);
         if r.lease_ms > 0 {
-            s.take_lease(&mut lease, r.lease_ms, &targets);
+            s.take_lease(&mut lease, r.lease_ms);
         }
         match s.stage.apply(&rules) {
             Ok(report) => Ok(Response::new(pb::ApplyRulesReply {
@@ -762,8 +1269,9 @@ impl StageAgentService for Service {
             })),
             Err(e) => {
                 // Nothing was applied: the lease is as it was.
-                lease.originals = before;
+                lease.checkpoint = checkpoint;
                 lease.deadline = deadline;
+                lease.retrying = retrying;
                 Err(s.invalid(stage_status(&e)))
             }
         }
@@ -775,6 +1283,7 @@ impl StageAgentService for Service {
     ) -> std::result::Result<Response<pb::ConfigureReply>, Status> {
         let s = self.core.slot(req.metadata())?;
         let r = req.into_inner();
+        s.check_lease_ms(r.lease_ms)?;
         let Some(handle) = s.stage.object(&r.channel, &r.object) else {
             return Err(s.invalid(Status::not_found(format!(
                 "stage '{}' has no object '{}/{}'",
@@ -796,11 +1305,19 @@ impl StageAgentService for Service {
             None => return Err(s.invalid(Status::invalid_argument("field `change`: give rate_bps or settings_json"))),
         };
         handle.check(&set).map_err(|e| s.invalid(stage_status(&e)))?;
+        s.check_config(&format!("{}/{}", r.channel, r.object), handle.spec().as_ref(), &set)
+            .map_err(|m| s.invalid(Status::invalid_argument(m)))?;
         let mut lease = s.lease.lock().unwrap_or_else(|e| e.into_inner());
+        let (checkpoint, deadline, retrying) = (lease.checkpoint.clone(), lease.deadline, lease.retrying);
         if r.lease_ms > 0 {
-            s.take_lease(&mut lease, r.lease_ms, &[(r.channel.clone(), r.object.clone())]);
+            s.take_lease(&mut lease, r.lease_ms);
         }
-        handle.configure(&set).map_err(|e| s.invalid(stage_status(&e)))?;
+        if let Err(e) = handle.configure(&set) {
+            lease.checkpoint = checkpoint;
+            lease.deadline = deadline;
+            lease.retrying = retrying;
+            return Err(s.invalid(stage_status(&e)));
+        }
         drop(lease);
         Ok(Response::new(pb::ConfigureReply {}))
     }

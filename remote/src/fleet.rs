@@ -205,6 +205,14 @@ impl FleetConfig {
                 return Err(err(format!("fleet.{key}: must be greater than zero")));
             }
         }
+        let interval = controller.effective_interval();
+        if let Some(lease) = fleet.lease
+            && lease < interval * 2
+        {
+            return Err(err(format!(
+                "fleet.lease: {lease:?} is shorter than two control intervals ({interval:?} each): the stages would fall back between cycles"
+            )));
+        }
         Ok(FleetConfig { controller, fleet, units, token })
     }
 
@@ -237,6 +245,9 @@ struct Unit {
     joined: Vec<(String, Arc<RemoteStage>)>,
     next_try: Instant,
     backoff: Duration,
+    /// When its stages joined (a member that stays joined this long has
+    /// its backoff reset; one that leaves sooner keeps doubling it).
+    joined_at: Option<Instant>,
     last_error: Option<String>,
 }
 
@@ -297,6 +308,7 @@ impl Fleet {
                 joined: Vec::new(),
                 next_try: Instant::now(),
                 backoff: min,
+                joined_at: None,
                 last_error: None,
             })
             .collect();
@@ -470,6 +482,11 @@ impl Supervisor {
         Ok(out)
     }
 
+    /// How long a member must stay joined for its backoff to start over.
+    fn stable_after(&self) -> Duration {
+        (self.lease * 4).max(self.max)
+    }
+
     fn tend(&mut self, i: usize, now: Instant) {
         let lease = self.lease;
         if !self.units[i].joined.is_empty() {
@@ -481,8 +498,19 @@ impl Supervisor {
             });
             if let Some(silent) = gone {
                 let left = std::mem::take(&mut self.units[i].joined);
-                self.units[i].next_try = now;
-                self.units[i].backoff = self.min;
+                let stable_after = self.stable_after();
+                let u = &mut self.units[i];
+                // An agent that answers the handshake and then fails is
+                // tried again later and later; one that served a while is
+                // tried again at once.
+                let stayed = u.joined_at.take().map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+                if stayed >= stable_after {
+                    u.backoff = self.min;
+                    u.next_try = now;
+                } else {
+                    u.next_try = now + u.backoff;
+                    u.backoff = (u.backoff * 2).min(self.max);
+                }
                 for (name, _) in left {
                     self.controller.leave(&name);
                     eprintln!("kvsds-controller: {name} left at unix ms {} (no answer for {silent:?})", unix_ms());
@@ -520,7 +548,7 @@ impl Supervisor {
                     });
                 }
                 let u = &mut self.units[i];
-                u.backoff = self.min;
+                u.joined_at = Some(now);
                 u.last_error = None;
                 if u.joined.is_empty() {
                     // A host serving nothing the policy knows: look again later.

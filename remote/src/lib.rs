@@ -55,7 +55,10 @@ pub mod pb {
     tonic::include_proto!("kvsds.control.v1");
 }
 
-pub use agent::{AgentBuilder, AgentStats, DEFAULT_MAX_LEASE, DEFAULT_MAX_MESSAGE, Endpoint, Fallback, StageAgent};
+pub use agent::{
+    AgentBuilder, AgentLimits, AgentStats, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LEASE,
+    DEFAULT_MAX_MESSAGE, DEFAULT_MIN_LEASE, Endpoint, Fallback, StageAgent,
+};
 pub use error::{Error, Result};
 pub use fleet::{Fleet, FleetConfig, FleetSection, HostConfig, MemberConfig, MemberStatus, UnitConfig};
 pub use remote::{ClientOptions, Connector, ObjectSetting, RemoteStage};

@@ -32,8 +32,9 @@ pub struct ClientOptions {
     /// Deadline of connecting (default 1 s).
     pub connect_timeout: Duration,
     /// The lease every change carries and every collect renews (default
-    /// 0: none, the changes stay until changed again). A controller sets a
-    /// few control intervals.
+    /// 10 s; a controller sets a few control intervals). 0 sends changes
+    /// without a lease, which an agent refuses unless it was built with
+    /// `require_lease = false`; they then stay until changed again.
     pub lease: Duration,
     /// Caps a message's size either way (default 4 MiB).
     pub max_message: usize,
@@ -47,7 +48,7 @@ impl Default for ClientOptions {
             token: None,
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(1),
-            lease: Duration::ZERO,
+            lease: Duration::from_secs(10),
             max_message: crate::agent::DEFAULT_MAX_MESSAGE,
             protocol_version: PROTOCOL_VERSION,
         }
@@ -176,7 +177,20 @@ impl Connector {
                                 .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                                     let path = path.clone();
                                     async move {
-                                        let s = tokio::net::UnixStream::connect(path).await?;
+                                        let s = tokio::net::UnixStream::connect(&path).await?;
+                                        // The token goes only to an agent
+                                        // run by us or by root.
+                                        let peer = s.peer_cred()?.uid();
+                                        let ours = crate::agent::own_uid().map_err(std::io::Error::other)?;
+                                        if peer != ours && peer != 0 {
+                                            return Err(std::io::Error::new(
+                                                std::io::ErrorKind::PermissionDenied,
+                                                format!(
+                                                    "{} is served by uid {peer}, neither ours ({ours}) nor root: not sending it anything",
+                                                    path.display()
+                                                ),
+                                            ));
+                                        }
                                         Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
                                     }
                                 }))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use controller::StageHandle;
-use kv_remote::{ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
+use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
 use kv_stage::{DrlSpec, Match, ObjectConfig, ObjectSpec, Rate, RequestContext, Rule, RuleSet, RulesFormat, Stage};
 
 fn stage(name: &str) -> Arc<Stage> {
@@ -38,8 +38,17 @@ fn drl_rate(stage: &Stage) -> Rate {
     }
 }
 
+/// The token the TCP agents of these tests take (a TCP listener needs one).
+const TOKEN: &str = "test-token";
+
+/// An agent on a loopback port, with [`TOKEN`].
+fn tcp_agent(s: &Arc<Stage>) -> StageAgent {
+    StageAgent::builder(Arc::clone(s)).token(TOKEN).serve(&loopback()).unwrap()
+}
+
+/// A connector sending [`TOKEN`] (unless `f` says otherwise).
 fn connector(f: impl FnOnce(&mut ClientOptions)) -> Connector {
-    let mut o = ClientOptions::default();
+    let mut o = ClientOptions { token: Some(TOKEN.into()), ..ClientOptions::default() };
     f(&mut o);
     Connector::new(o).unwrap()
 }
@@ -93,13 +102,13 @@ fn still_serves(agent: &StageAgent, token: Option<&str>) {
 #[test]
 fn wrong_protocol_version_is_refused_by_name() {
     let s = stage("versions");
-    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let agent = tcp_agent(&s);
     let mut err = String::new();
     with_tenant(&s, || err = connector(|o| o.protocol_version = 2).connect(agent.endpoint()).unwrap_err().to_string());
     assert!(err.contains("FailedPrecondition") && err.contains("protocol version 2 is not supported"), "{err}");
     assert!(err.contains("kvsds.control.v1"), "{err}");
     assert_eq!(agent.stats().refused_version, 1);
-    still_serves(&agent, None);
+    still_serves(&agent, Some(TOKEN));
 }
 
 #[test]
@@ -111,7 +120,7 @@ fn tokens_are_checked_and_refusals_counted() {
         wrong = connector(|o| o.token = Some("guess".into())).connect(agent.endpoint()).unwrap_err().to_string();
     });
     assert!(wrong.contains("Unauthenticated") && wrong.contains("wrong token"), "{wrong}");
-    let none = connector(|_| {}).connect(agent.endpoint()).unwrap_err().to_string();
+    let none = connector(|o| o.token = None).connect(agent.endpoint()).unwrap_err().to_string();
     assert!(none.contains("Unauthenticated") && none.contains("needs a token"), "{none}");
     assert_eq!(agent.stats().refused_token, 2);
     still_serves(&agent, Some("s3cret-token"));
@@ -122,17 +131,17 @@ fn tokens_are_checked_and_refusals_counted() {
 fn listening_beyond_loopback_needs_a_flag_and_a_token() {
     let s = stage("remote");
     let any: Endpoint = "0.0.0.0:0".parse().unwrap();
-    let e = StageAgent::serve(Arc::clone(&s), &any).unwrap_err().to_string();
+    let e = StageAgent::builder(Arc::clone(&s)).token(TOKEN).serve(&any).unwrap_err().to_string();
     assert!(e.contains("not a loopback address") && e.contains("allow_remote"), "{e}");
     let e = StageAgent::builder(Arc::clone(&s)).allow_remote(true).serve(&any).unwrap_err().to_string();
-    assert!(e.contains("set a token"), "{e}");
+    assert!(e.contains("needs a token"), "{e}");
     assert!("nonsense".parse::<Endpoint>().unwrap_err().to_string().contains("endpoint 'nonsense'"));
 }
 
 #[test]
 fn a_rules_set_with_one_bad_rule_applies_nothing() {
     let s = stage("rules");
-    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let agent = tcp_agent(&s);
     let remote = connector(|_| {}).connect(agent.endpoint()).unwrap();
     let generation = s.collect().generation;
     let text = r#"version = 1
@@ -177,7 +186,7 @@ spec = { kind = "drl", rate = "-5MiB/s" }
             channel: "fg".into(),
             object: "drl".into(),
             change: Some(pb::configure_request::Change::RateBps(f64::NAN)),
-            lease_ms: 0,
+            lease_ms: 1000,
         })))
         .unwrap()
         .unwrap_err();
@@ -188,7 +197,7 @@ spec = { kind = "drl", rate = "-5MiB/s" }
             channel: "fg".into(),
             object: "drl".into(),
             change: None,
-            lease_ms: 0,
+            lease_ms: 1000,
         })))
         .unwrap()
         .unwrap_err();
@@ -202,7 +211,7 @@ spec = { kind = "drl", rate = "-5MiB/s" }
 #[test]
 fn a_100_mib_message_is_refused_and_the_stage_keeps_serving() {
     let s = stage("big");
-    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let agent = tcp_agent(&s);
     let remote = connector(|o| {
         o.max_message = 200 << 20;
         o.timeout = Duration::from_secs(20);
@@ -216,7 +225,7 @@ fn a_100_mib_message_is_refused_and_the_stage_keeps_serving() {
     assert!(err.contains("OutOfRange") || err.contains("ResourceExhausted"), "{err}");
     assert!(err.contains("too large"), "{err}");
     assert_eq!(s.collect().generation, generation);
-    still_serves(&agent, None);
+    still_serves(&agent, Some(TOKEN));
 }
 
 /// A gRPC call by hand over HTTP/2, with a body of our choosing.
@@ -236,6 +245,7 @@ fn raw_call(addr: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (Option<St
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .header("kvsds-protocol", "1")
+            .header("authorization", format!("Bearer {TOKEN}"))
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .unwrap();
         let resp = send.send_request(req).await.unwrap();
@@ -258,7 +268,7 @@ fn raw_call(addr: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (Option<St
 #[test]
 fn truncated_and_malformed_frames_are_refused() {
     let s = stage("frames");
-    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
+    let agent = tcp_agent(&s);
     let Endpoint::Tcp(addr) = agent.endpoint().clone() else { unreachable!() };
     let path = "/kvsds.control.v1.StageAgent/Configure";
     // The frame says 50 bytes follow; 2 do, then the stream ends.
@@ -277,7 +287,7 @@ fn truncated_and_malformed_frames_are_refused() {
     let mut buf = Vec::new();
     let _ = tcp.read_to_end(&mut buf);
     assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
-    still_serves(&agent, None);
+    still_serves(&agent, Some(TOKEN));
 }
 
 /// Polls until `f` holds, at most `limit`; returns how long it took.
@@ -310,7 +320,7 @@ fn a_lease_that_runs_out_restores_the_stage_own_rates() {
     }
     assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap(), "a renewed lease must hold");
     // An observer (no lease) does not renew it.
-    let observer = connector(|_| {}).connect(agent.endpoint()).unwrap();
+    let observer = connector(|o| o.lease = Duration::ZERO).connect(agent.endpoint()).unwrap();
     let stopped = Instant::now();
     let waited = wait_until(Duration::from_secs(3), || {
         observer.collect_now().unwrap();
@@ -334,7 +344,7 @@ fn a_lease_that_runs_out_restores_the_stage_own_rates() {
 #[test]
 fn fallback_keep_and_fallback_rules() {
     let s = stage("keep");
-    let agent = StageAgent::builder(Arc::clone(&s)).fallback(Fallback::Keep).serve(&loopback()).unwrap();
+    let agent = StageAgent::builder(Arc::clone(&s)).token(TOKEN).fallback(Fallback::Keep).serve(&loopback()).unwrap();
     let c = connector(|o| o.lease = Duration::from_millis(100)).connect(agent.endpoint()).unwrap();
     c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
     wait_until(Duration::from_secs(2), || agent.stats().fallbacks == 1).expect("lease ran out");
@@ -342,14 +352,16 @@ fn fallback_keep_and_fallback_rules() {
 
     let s = stage("rules");
     let safe = RuleSet::from_rules([Rule::configure("fg", "drl", ObjectConfig::rate("16MiB/s".parse().unwrap()))]);
-    let agent = StageAgent::builder(Arc::clone(&s)).fallback(Fallback::Rules(safe)).serve(&loopback()).unwrap();
+    let agent =
+        StageAgent::builder(Arc::clone(&s)).token(TOKEN).fallback(Fallback::Rules(safe)).serve(&loopback()).unwrap();
     let c = connector(|o| o.lease = Duration::from_millis(100)).connect(agent.endpoint()).unwrap();
     c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
     wait_until(Duration::from_secs(2), || drl_rate(&s) == "16MiB/s".parse().unwrap()).expect("fallback rules applied");
-    // Without a lease a change stays.
+    // Without a lease a change stays, on an agent that takes such changes.
     let s = stage("nolease");
-    let agent = StageAgent::serve(Arc::clone(&s), &loopback()).unwrap();
-    let c = connector(|_| {}).connect(agent.endpoint()).unwrap();
+    let limits = AgentLimits { require_lease: false, ..AgentLimits::default() };
+    let agent = StageAgent::builder(Arc::clone(&s)).token(TOKEN).limits(limits).serve(&loopback()).unwrap();
+    let c = connector(|o| o.lease = Duration::ZERO).connect(agent.endpoint()).unwrap();
     c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap());
@@ -385,9 +397,14 @@ fn a_restarted_stage_is_noticed() {
 fn one_agent_serves_several_stages_and_reads_them_in_one_call() {
     use controller::{Controller, ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind};
     let (a, b) = (stage("alpha"), stage("beta"));
-    let e = StageAgent::builder(stage("same")).stage(stage("same")).serve(&loopback()).unwrap_err().to_string();
+    let e = StageAgent::builder(stage("same"))
+        .stage(stage("same"))
+        .token(TOKEN)
+        .serve(&loopback())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("two stages are named 'same'"), "{e}");
-    let agent = StageAgent::builder(Arc::clone(&a)).stage(Arc::clone(&b)).serve(&loopback()).unwrap();
+    let agent = StageAgent::builder(Arc::clone(&a)).stage(Arc::clone(&b)).token(TOKEN).serve(&loopback()).unwrap();
     let c = connector(|o| o.lease = Duration::from_secs(5));
     let e = c.connect(agent.endpoint()).unwrap_err().to_string();
     assert!(e.contains("serves 2 stages (alpha, beta)"), "{e}");

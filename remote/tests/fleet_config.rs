@@ -63,6 +63,10 @@ fn bad_fleet_files_name_the_key() {
         ),
         ("[fleet]\nlease = \"0s\"\n[[fleet.stage]]\nname = \"t1\"\nendpoint = \"unix:/x\"\n", "fleet.lease"),
         (
+            "[fleet]\nlease = \"900ms\"\n[[fleet.stage]]\nname = \"t1\"\nendpoint = \"unix:/x\"\n",
+            "fleet.lease: 900ms is shorter than two control intervals (500ms each)",
+        ),
+        (
             "[fleet]\ntoken = \"a\"\ntoken_file = \"/x\"\n[[fleet.stage]]\nname = \"t1\"\nendpoint = \"unix:/x\"\n",
             "token or token_file",
         ),

@@ -1,0 +1,166 @@
+//! The agent's requests, fuzzed: random bytes as the body of every method
+//! (decoded by the agent), and well-formed messages with random fields
+//! (rules text mutated from the shipped rules file, any format number,
+//! any rate, settings JSON, leases). No input may panic the agent, stop it
+//! serving, or leave a limit beyond its bounds: after every call each DRL
+//! is unlimited or at least the agent's lowest rate. Real agent on a Unix
+//! socket. Bounded: `FUZZ_CASES` cases per property (default 300).
+
+use std::sync::Arc;
+
+use kv_remote::{ClientOptions, Connector, RemoteStage, StageAgent, pb};
+use kv_stage::{DrlSpec, Match, ObjectSpec, RateUnit, RequestContext, Rule, Stage};
+use proptest::prelude::*;
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    stage: Arc<Stage>,
+    _agent: StageAgent,
+    remote: RemoteStage,
+    path: std::path::PathBuf,
+}
+
+fn rig() -> &'static Rig {
+    static RIG: std::sync::OnceLock<Rig> = std::sync::OnceLock::new();
+    RIG.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let stage = Arc::new(Stage::new("fuzz"));
+        stage
+            .apply_rules([
+                Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
+                Rule::CreateObject {
+                    channel: "fg".into(),
+                    object: "drl".into(),
+                    spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
+                    matches: None,
+                },
+            ])
+            .unwrap();
+        let path = dir.path().join("fuzz.sock");
+        let endpoint = format!("unix:{}", path.display()).parse().unwrap();
+        let agent = StageAgent::serve(Arc::clone(&stage), &endpoint).unwrap();
+        let remote = Connector::new(ClientOptions::default()).unwrap().connect(agent.endpoint()).unwrap();
+        Rig { _dir: dir, stage, _agent: agent, remote, path }
+    })
+}
+
+/// Every DRL is unlimited or at the agent's lowest rate or above, and the
+/// agent still answers.
+fn still_sound(r: &Rig) {
+    for c in r.stage.stage_info().channels {
+        for o in c.objects {
+            if let Some(ObjectSpec::Drl(d)) = o.spec {
+                let floor = if d.rate.unit() == RateUnit::Bytes { 1024.0 } else { 1.0 };
+                assert!(d.rate.is_unlimited() || d.rate.per_sec() >= floor, "{}/{}: rate {}", c.id, o.id, d.rate);
+            }
+        }
+    }
+    r.remote.collect_now().expect("the agent stopped answering");
+}
+
+/// Sends `body` as one gRPC message to `method`, over a fresh HTTP/2
+/// connection on the Unix socket; returns the grpc-status.
+fn raw(path: &std::path::Path, method: &str, body: &[u8]) -> Option<String> {
+    use http_body_util::BodyExt;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body);
+    rt.block_on(async move {
+        let stream = tokio::net::UnixStream::connect(path).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let req = hyper::Request::post(format!("http://agent/kvsds.control.v1.StageAgent/{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("kvsds-protocol", "1")
+            .body(http_body_util::Full::new(bytes::Bytes::from(frame)))
+            .unwrap();
+        let resp = send.send_request(req).await.ok()?;
+        if let Some(s) = resp.headers().get("grpc-status") {
+            return Some(s.to_str().unwrap_or("?").to_owned());
+        }
+        let body =
+            tokio::time::timeout(std::time::Duration::from_secs(5), resp.into_body().collect()).await.ok()?.ok()?;
+        body.trailers().and_then(|t| t.get("grpc-status")).map(|s| s.to_str().unwrap_or("?").to_owned())
+    })
+}
+
+const METHODS: [&str; 6] = ["Handshake", "Collect", "CollectAll", "GetStageInfo", "ApplyRules", "Configure"];
+
+const RULES: &str = include_str!("../../kv-stage/examples/rules/rocksdb.toml");
+
+fn cases() -> u32 {
+    std::env::var("FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
+fn mutated_rules() -> impl Strategy<Value = String> {
+    (prop::collection::vec((any::<usize>(), 0usize..3, any::<u8>()), 0..8), "\\PC{0,40}").prop_map(|(edits, tail)| {
+        let mut b = RULES.as_bytes().to_vec();
+        for (at, op, byte) in edits {
+            let i = at % (b.len() + 1);
+            match op {
+                0 if i < b.len() => {
+                    b.remove(i);
+                }
+                1 => b.insert(i, byte),
+                _ if i < b.len() => b[i] = byte,
+                _ => {}
+            }
+        }
+        let mut s = String::from_utf8_lossy(&b).into_owned();
+        s.push_str(&tail);
+        s
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_to_every_method(method in 0..METHODS.len(), body in prop::collection::vec(any::<u8>(), 0..512)) {
+        let r = rig();
+        let status = raw(&r.path, METHODS[method], &body);
+        prop_assert!(status.is_some(), "{}: no grpc-status for {body:?}", METHODS[method]);
+        still_sound(r);
+    }
+
+    #[test]
+    fn well_formed_messages_with_random_fields(
+        text in mutated_rules(),
+        format in any::<i32>(),
+        lease_ms in prop_oneof![Just(0u64), 1u64..200, Just(1000), any::<u64>()],
+        rate in prop_oneof![any::<f64>(), Just(0.0), Just(-1.0), Just(f64::INFINITY), Just(f64::NAN), Just(1e300)],
+        json in prop_oneof![
+            Just(r#"{"rate":"0B/s"}"#.to_owned()),
+            Just(r#"{"burst":1e300}"#.to_owned()),
+            Just(r#"{"refill_period":"1h","rate":"1GiB/s"}"#.to_owned()),
+            "\\PC{0,60}",
+        ],
+        channel in prop_oneof![Just("fg".to_owned()), "\\PC{0,10}"],
+    ) {
+        let r = rig();
+        let mut client = r.remote.raw_client();
+        let format = if format % 4 == 0 { format } else { format.rem_euclid(4) };
+        let _ = r.remote.block_on(client.apply_rules(r.remote.raw_request(pb::ApplyRulesRequest {
+            format,
+            text,
+            source: "fuzz.toml".into(),
+            lease_ms,
+        })));
+        for change in [pb::configure_request::Change::RateBps(rate), pb::configure_request::Change::SettingsJson(json.clone())] {
+            let _ = r.remote.block_on(client.configure(r.remote.raw_request(pb::ConfigureRequest {
+                channel: channel.clone(),
+                object: "drl".into(),
+                change: Some(change),
+                lease_ms,
+            })));
+        }
+        still_sound(r);
+    }
+}
