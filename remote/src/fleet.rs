@@ -504,13 +504,7 @@ impl Supervisor {
                 // tried again later and later; one that served a while is
                 // tried again at once.
                 let stayed = u.joined_at.take().map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-                if stayed >= stable_after {
-                    u.backoff = self.min;
-                    u.next_try = now;
-                } else {
-                    u.next_try = now + u.backoff;
-                    u.backoff = (u.backoff * 2).min(self.max);
-                }
+                (u.next_try, u.backoff) = after_leave(now, stayed, u.backoff, self.min, self.max, stable_after);
                 for (name, _) in left {
                     self.controller.leave(&name);
                     eprintln!("kvsds-controller: {name} left at unix ms {} (no answer for {silent:?})", unix_ms());
@@ -571,5 +565,44 @@ impl Supervisor {
                 }
             }
         }
+    }
+}
+
+/// When a member that left is tried again, and the backoff after that:
+/// at once with the backoff reset if it had stayed joined `stable_after`
+/// or longer, else after the backoff, which doubles up to `max` (an agent
+/// that answers the handshake and then fails is not reconnected every
+/// cycle forever).
+fn after_leave(
+    now: Instant,
+    stayed: Duration,
+    backoff: Duration,
+    min: Duration,
+    max: Duration,
+    stable_after: Duration,
+) -> (Instant, Duration) {
+    if stayed >= stable_after { (now, min) } else { (now + backoff, (backoff * 2).min(max)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_that_joins_and_fails_backs_off_more_each_time() {
+        let (min, max, stable) = (Duration::from_millis(100), Duration::from_secs(5), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let mut backoff = min;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            // Joined, then gone after 50 ms (two failed calls).
+            let (next, b) = after_leave(t0, Duration::from_millis(50), backoff, min, max, stable);
+            waits.push(next - t0);
+            backoff = b;
+        }
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        // One that served a while is tried again at once, from the minimum.
+        assert_eq!(after_leave(t0, Duration::from_secs(60), backoff, min, max, stable), (t0, min));
     }
 }
