@@ -7,11 +7,13 @@
 //! to milliseconds, too coarse for the 50 µs batching timeout of i10).
 //!
 //! Used by [`Stage::enforce_async`](crate::Stage::enforce_async) and by
-//! [`sleep`]. A waker whose future was dropped is simply woken for nothing
-//! when its deadline comes.
+//! [`sleep`]. An entry can be cancelled (a request admitted early, a future
+//! dropped): its waker is dropped at once, so a timer entry never keeps a
+//! task alive until a deadline that may be years away, and cancelled
+//! entries are swept from the heap once they are half of it.
 
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -23,7 +25,6 @@ use crate::objects::now_ns;
 struct Entry {
     at: u64,
     seq: u64,
-    waker: Waker,
 }
 
 impl PartialEq for Entry {
@@ -46,7 +47,11 @@ impl Ord for Entry {
 
 struct Heap {
     entries: BinaryHeap<Entry>,
+    /// The wakers of the entries not cancelled, by `seq`.
+    wakers: HashMap<u64, Waker>,
     seq: u64,
+    /// Entries in the heap whose waker was cancelled.
+    cancelled: usize,
 }
 
 struct Timer {
@@ -58,7 +63,12 @@ fn timer() -> &'static Timer {
     static TIMER: OnceLock<&'static Timer> = OnceLock::new();
     TIMER.get_or_init(|| {
         let t: &'static Timer = Box::leak(Box::new(Timer {
-            heap: Mutex::new(Heap { entries: BinaryHeap::with_capacity(256), seq: 0 }),
+            heap: Mutex::new(Heap {
+                entries: BinaryHeap::with_capacity(256),
+                wakers: HashMap::with_capacity(256),
+                seq: 0,
+                cancelled: 0,
+            }),
             cv: Condvar::new(),
         }));
         // If the thread cannot be started, waits fall back to being woken by
@@ -82,7 +92,10 @@ fn run(t: &'static Timer) {
         let now = now_ns();
         while heap.entries.peek().is_some_and(|e| e.at <= now) {
             if let Some(e) = heap.entries.pop() {
-                due.push(e.waker);
+                match heap.wakers.remove(&e.seq) {
+                    Some(w) => due.push(w),
+                    None => heap.cancelled = heap.cancelled.saturating_sub(1),
+                }
             }
         }
         if !due.is_empty() {
@@ -103,19 +116,40 @@ fn run(t: &'static Timer) {
     }
 }
 
-/// Wakes `waker` once the process clock (`now_ns`) reaches `at`.
-pub(crate) fn wake_at(at: u64, waker: &Waker) {
+/// Wakes `waker` once the process clock (`now_ns`) reaches `at`; returns
+/// the entry's key for [`cancel`] (never 0).
+pub(crate) fn wake_at(at: u64, waker: &Waker) -> u64 {
     let t = timer();
     let mut heap = lock(t);
     heap.seq += 1;
     let seq = heap.seq;
     let earliest = heap.entries.peek().is_none_or(|e| at < e.at);
-    heap.entries.push(Entry { at, seq, waker: waker.clone() });
+    heap.entries.push(Entry { at, seq });
+    heap.wakers.insert(seq, waker.clone());
     drop(heap);
     if earliest {
         t.cv.notify_one();
     }
+    seq
 }
+
+/// Cancels the entry `key` (0: none): its waker is dropped now. The heap
+/// is swept when cancelled entries are more than half of it.
+pub(crate) fn cancel(key: u64) {
+    if key == 0 {
+        return;
+    }
+    let mut heap = lock(timer());
+    if heap.wakers.remove(&key).is_some() {
+        heap.cancelled += 1;
+        if heap.cancelled > 64 && heap.cancelled * 2 > heap.entries.len() {
+            let Heap { entries, wakers, .. } = &mut *heap;
+            entries.retain(|e| wakers.contains_key(&e.seq));
+            heap.cancelled = 0;
+        }
+    }
+}
+
 
 /// A future that completes after a duration, timed by kv-stage's timer
 /// thread (microsecond precision, any executor).
@@ -138,11 +172,13 @@ pub(crate) fn wake_at(at: u64, waker: &Waker) {
 #[must_use = "a future does nothing unless polled"]
 pub struct Sleep {
     deadline: u64,
+    /// The timer entry of the last poll (0: none).
+    key: u64,
 }
 
 /// Sleeps for `d`.
 pub fn sleep(d: Duration) -> Sleep {
-    Sleep { deadline: now_ns().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64) }
+    Sleep { deadline: now_ns().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64), key: 0 }
 }
 
 impl Sleep {
@@ -155,11 +191,19 @@ impl Sleep {
 impl Future for Sleep {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
-        if now_ns() >= self.deadline {
+        let this = self.get_mut();
+        cancel(std::mem::take(&mut this.key));
+        if now_ns() >= this.deadline {
             return Poll::Ready(());
         }
-        wake_at(self.deadline, cx.waker());
+        this.key = wake_at(this.deadline, cx.waker());
         Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        cancel(self.key);
     }
 }
 

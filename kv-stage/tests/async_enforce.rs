@@ -322,3 +322,33 @@ set = { requests = 8, adaptive = false }
     assert_eq!(stage.enforce(&put(100)).unwrap().batch.unwrap().requests, 8);
     assert_eq!(stage.collect().channel("writes").unwrap().ops, 4);
 }
+
+/// Counts wake-ups; its `Arc` count says who holds a waker.
+struct Flag;
+impl std::task::Wake for Flag {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn a_dropped_future_leaves_no_waker_behind_in_the_line_or_the_timer() {
+    // 1 KiB/s and requests of 1 GiB: the first waits 12 days for its
+    // tokens, and the timer is asked to wake it then.
+    let stage = stage_with(drl("1KiB/s", "1KiB"));
+    let flag = Arc::new(Flag);
+    let waker = std::task::Waker::from(Arc::clone(&flag));
+    let mut cx = std::task::Context::from_waker(&waker);
+    for _ in 0..1000 {
+        let mut f = Box::pin(stage.enforce_async(put(1 << 30)));
+        assert!(f.as_mut().poll(&mut cx).is_pending());
+        drop(f);
+    }
+    // Held now: `flag` and `waker` only (not the line, not the timer).
+    assert_eq!(Arc::strong_count(&flag), 2, "dropped futures' wakers are still held");
+    assert_eq!(waiting(&stage), 0);
+    // A sleep dropped before its deadline lets go of its waker too.
+    let mut s = Box::pin(kv_stage::timer::sleep(Duration::from_secs(3600)));
+    assert!(s.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(Arc::strong_count(&flag), 3);
+    drop(s);
+    assert_eq!(Arc::strong_count(&flag), 2);
+}

@@ -44,7 +44,7 @@
 //! Rate changes, shutdown, retirement and closing instances wake every
 //! waiter, as they wake every blocking one.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
@@ -76,16 +76,30 @@ pub(crate) struct BucketCore {
     base_p: f64,
     issued: f64,
     /// Cancelled ranges still inside `issued`, as `(end, cost)` in order of
-    /// their ends.
+    /// their ends. Holes with no waiting ticket between them are merged, so
+    /// there are at most one more than there are waiters, however many
+    /// requests gave their places back.
     holes: Vec<(f64, f64)>,
     /// Sum of the holes' costs.
     hole_total: f64,
+    /// Tickets of the requests waiting now (see [`wait`](Self::wait)), by
+    /// their bits (positive floats order as their bits do).
+    waiting: std::collections::BTreeSet<u64>,
 }
 
 impl BucketCore {
     /// A full bucket at `now`.
     pub(crate) fn new(now: u64, rate: f64, burst: f64) -> Self {
-        BucketCore { rate, burst, base_t: now, base_p: burst, issued: 0.0, holes: Vec::new(), hole_total: 0.0 }
+        BucketCore {
+            rate,
+            burst,
+            base_t: now,
+            base_p: burst,
+            issued: 0.0,
+            holes: Vec::new(),
+            hole_total: 0.0,
+            waiting: std::collections::BTreeSet::new(),
+        }
     }
 
     pub(crate) fn rate(&self) -> f64 {
@@ -154,17 +168,62 @@ impl BucketCore {
         Some(self.base_t.saturating_add(if wait >= u64::MAX as f64 { u64::MAX } else { wait as u64 }))
     }
 
+    /// The request whose range ends at `ticket` waits (idempotent).
+    pub(crate) fn wait(&mut self, ticket: f64) {
+        self.waiting.insert(ticket.to_bits());
+    }
+
+    /// The request whose range ends at `ticket` stopped waiting (admitted
+    /// or failed).
+    pub(crate) fn done(&mut self, ticket: f64) {
+        self.waiting.remove(&ticket.to_bits());
+    }
+
+    /// Whether a waiting ticket lies strictly between `lo` and `hi`.
+    fn waiting_between(&self, lo: f64, hi: f64) -> bool {
+        use std::ops::Bound::Excluded;
+        lo < hi && self.waiting.range((Excluded(lo.to_bits()), Excluded(hi.to_bits()))).next().is_some()
+    }
+
     /// Gives back the place of a waiting request (its range ends at `ticket`
     /// and is `cost` long): the requests behind it move up by `cost`.
+    ///
+    /// Two holes with no waiting ticket between them shift every ticket
+    /// that matters (the waiting ones and those to come) by the same
+    /// amount as one hole would, so they are merged: the holes stay fewer
+    /// than the waiters plus two, and a ticket's place is computed in time
+    /// proportional to them, not to the cancellations so far.
     pub(crate) fn cancel(&mut self, ticket: f64, cost: f64) {
+        self.done(ticket);
         if ticket == self.issued {
             // The last range: simply shorten the line.
             self.issued -= cost;
         } else {
-            let at = self.holes.partition_point(|h| h.0 < ticket);
+            let mut at = self.holes.partition_point(|h| h.0 < ticket);
             self.holes.insert(at, (ticket, cost));
             self.hole_total += cost;
+            if at > 0 && !self.waiting_between(self.holes[at - 1].0, ticket) {
+                let (_, before) = self.holes.remove(at - 1);
+                at -= 1;
+                self.holes[at].1 += before;
+            }
+            if at + 1 < self.holes.len() && !self.waiting_between(self.holes[at].0, self.holes[at + 1].0) {
+                let (_, this) = self.holes.remove(at);
+                self.holes[at].1 += this;
+            }
         }
+        // Holes below every waiting ticket are one hole.
+        let first_waiting = self.waiting.first().map_or(f64::INFINITY, |&b| f64::from_bits(b));
+        while self.holes.len() >= 2 && self.holes[1].0 < first_waiting {
+            let (_, c) = self.holes.remove(0);
+            self.holes[0].1 += c;
+        }
+    }
+
+    /// Holes kept now (tests).
+    #[cfg(test)]
+    pub(crate) fn holes(&self) -> usize {
+        self.holes.len()
     }
 
     /// Gives back `tokens` of an admitted request that it did not use (a
@@ -198,6 +257,7 @@ impl BucketCore {
     /// Folds the holes away and shifts the cumulative counters down; only
     /// when no ticket is outstanding.
     pub(crate) fn rebase(&mut self) {
+        debug_assert!(self.waiting.is_empty(), "rebase with waiters");
         if !self.holes.is_empty() {
             self.issued -= self.hole_total;
             self.holes.clear();
@@ -234,11 +294,12 @@ struct State {
     /// Instances whose requests are admitted without waiting (closing).
     closed: Vec<InstanceId>,
     stats: BucketStats,
-    /// Async waiters in the order they took their places; `None` once a
-    /// waiter has left (removed when it reaches the front).
-    line: VecDeque<Option<Waker>>,
-    /// The position (see [`BucketWait`]) of `line[0]`.
-    line_head: u64,
+    /// Async waiters by the position they took (in the order they took
+    /// their places); one that leaves is removed at once, so the line holds
+    /// the waiters there are, however many left before.
+    line: BTreeMap<u64, Waker>,
+    /// The position the next async waiter takes.
+    next_pos: u64,
 }
 
 impl State {
@@ -255,40 +316,33 @@ impl State {
 
     /// Puts an async waiter in line; returns its position.
     fn join_line(&mut self, waker: &Waker) -> u64 {
-        self.line.push_back(Some(waker.clone()));
-        self.line_head + self.line.len() as u64 - 1
+        let pos = self.next_pos;
+        self.next_pos += 1;
+        self.line.insert(pos, waker.clone());
+        pos
     }
 
-    fn line_slot(&mut self, pos: u64) -> Option<&mut Option<Waker>> {
-        let i = pos.checked_sub(self.line_head)?;
-        self.line.get_mut(usize::try_from(i).ok()?)
+    fn line_slot(&mut self, pos: u64) -> Option<&mut Waker> {
+        self.line.get_mut(&pos)
     }
 
     /// Takes an async waiter out of line and wakes the first one left, whose
     /// place may have moved up.
     fn leave_line(&mut self, pos: u64) {
-        if let Some(slot) = self.line_slot(pos) {
-            *slot = None;
-        }
-        while matches!(self.line.front(), Some(None)) {
-            self.line.pop_front();
-            self.line_head += 1;
-        }
-        if let Some(Some(w)) = self.line.front() {
-            w.wake_by_ref();
-        }
+        self.line.remove(&pos);
+        self.wake_first();
     }
 
     /// Wakes the first async waiter in line.
     fn wake_first(&self) {
-        if let Some(w) = self.line.iter().flatten().next() {
+        if let Some((_, w)) = self.line.first_key_value() {
             w.wake_by_ref();
         }
     }
 
     /// Wakes every async waiter (they recompute their deadlines).
     fn wake_line(&self) {
-        self.line.iter().flatten().for_each(Waker::wake_by_ref);
+        self.line.values().for_each(Waker::wake_by_ref);
     }
 }
 
@@ -306,6 +360,9 @@ pub(crate) struct BucketWait {
     pos: u64,
     /// The deadline the timer was last asked to wake it at.
     timer_at: u64,
+    /// The timer entry set for it (0: none), cancelled when it is done so
+    /// the timer does not keep its waker (and the task) until the deadline.
+    timer: u64,
     /// The bucket's epoch, truncated (a unit change every nanosecond would
     /// take 4 s to wrap it; they come from rules).
     epoch: u32,
@@ -317,7 +374,7 @@ pub(crate) struct BucketWait {
 
 impl Default for BucketWait {
     fn default() -> Self {
-        BucketWait { ticket: 0.0, start: 0, pos: 0, timer_at: u64::MAX, epoch: 0, active: false, step: 0 }
+        BucketWait { ticket: 0.0, start: 0, pos: 0, timer_at: u64::MAX, timer: 0, epoch: 0, active: false, step: 0 }
     }
 }
 
@@ -349,8 +406,8 @@ impl Bucket {
                 retired: false,
                 closed: Vec::new(),
                 stats: BucketStats::default(),
-                line: VecDeque::new(),
-                line_head: 0,
+                line: BTreeMap::new(),
+                next_pos: 0,
             }),
             cv: Condvar::new(),
             open: AtomicBool::new(rate.is_infinite()),
@@ -418,11 +475,18 @@ impl Bucket {
             match st.core.ready_at(ticket) {
                 Some(at) if at <= t => break Ok(()),
                 Some(at) => {
+                    st.core.wait(ticket);
                     st = self.cv.wait_timeout(st, Duration::from_nanos(at - t)).unwrap_or_else(|e| e.into_inner()).0
                 }
-                None => st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                None => {
+                    st.core.wait(ticket);
+                    st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner())
+                }
             }
         };
+        if st.epoch == epoch {
+            st.core.done(ticket);
+        }
         st.waiters -= 1;
         st.stats.waiting = st.waiters;
         let waited = now_ns().saturating_sub(now);
@@ -486,13 +550,14 @@ impl Bucket {
                 start: now,
                 pos,
                 timer_at: u64::MAX,
+                timer: 0,
                 epoch: st.epoch as u32,
                 active: true,
                 step: w.step,
             };
         } else {
             st = self.lock();
-            if let Some(Some(parked)) = st.line_slot(w.pos)
+            if let Some(parked) = st.line_slot(w.pos)
                 && !parked.will_wake(cx.waker())
             {
                 parked.clone_from(cx.waker());
@@ -526,16 +591,25 @@ impl Bucket {
             match st.core.ready_at(w.ticket) {
                 Some(at) if at <= t => break Ok(()),
                 Some(at) => {
+                    st.core.wait(w.ticket);
                     drop(st);
                     if at < w.timer_at || w.timer_at <= t {
                         w.timer_at = at;
-                        crate::timer::wake_at(at, cx.waker());
+                        crate::timer::cancel(w.timer);
+                        w.timer = crate::timer::wake_at(at, cx.waker());
                     }
                     return Poll::Pending;
                 }
-                None => return Poll::Pending,
+                None => {
+                    st.core.wait(w.ticket);
+                    return Poll::Pending;
+                }
             }
         };
+        if st.epoch as u32 == w.epoch {
+            st.core.done(w.ticket);
+        }
+        crate::timer::cancel(std::mem::take(&mut w.timer));
         w.active = false;
         st.waiters -= 1;
         st.stats.waiting = st.waiters;
@@ -554,6 +628,7 @@ impl Bucket {
             return;
         }
         w.active = false;
+        crate::timer::cancel(std::mem::take(&mut w.timer));
         let mut st = self.lock();
         if st.epoch as u32 == w.epoch && !st.retired && !st.shutdown {
             let cost = st.cost(size);
@@ -597,6 +672,7 @@ impl Bucket {
             return;
         }
         st.core.refund(now_ns(), bytes as f64);
+        st.stats.admitted_tokens -= bytes as f64;
         st.wake_line();
         drop(st);
         self.cv.notify_all();
@@ -704,6 +780,51 @@ mod tests {
     }
 
     #[test]
+    fn cancellations_behind_a_head_that_never_leaves_keep_nothing() {
+        // A closed bucket: the head waits for good; 300,000 requests
+        // behind it take a place and give it back, one at a time.
+        let b = Bucket::new(0.0, RateUnit::Bytes, 0.0);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut head = BucketWait::default();
+        assert!(b.poll_acquire(10, InstanceId(0), &mut head, &mut cx).is_pending());
+        // Each new request takes a place, then the one before it leaves
+        // (not the last in line: its range becomes a hole).
+        let mut before = BucketWait::default();
+        assert!(b.poll_acquire(10, InstanceId(0), &mut before, &mut cx).is_pending());
+        for _ in 0..300_000u64 {
+            let mut w = BucketWait::default();
+            assert!(b.poll_acquire(10, InstanceId(0), &mut w, &mut cx).is_pending());
+            b.cancel(10, &mut before);
+            before = w;
+        }
+        {
+            let st = b.lock();
+            assert!(st.core.holes() <= 2, "{} holes kept", st.core.holes());
+            assert_eq!(st.line.len(), 2, "the line kept the waiters that left");
+            assert_eq!(st.waiters, 2);
+        }
+        // With waiters between them, holes merge down to one per gap.
+        let mut c = BucketCore::new(0, 0.0, 0.0);
+        let tickets: Vec<f64> = (0..1000).map(|_| c.reserve(0, 1.0)).collect();
+        for &t in &tickets {
+            c.wait(t);
+        }
+        for (i, &t) in tickets.iter().enumerate() {
+            if i % 10 != 0 {
+                c.cancel(t, 1.0);
+            }
+        }
+        assert!(c.holes() <= 101, "{} holes for 100 waiters", c.holes());
+        // Every waiter is where the requests before it left it: ticket
+        // 10k is the (k+1)th left, so it needs k + 1 tokens.
+        c.set(0, 1e9, 0.0);
+        for (k, &t) in tickets.iter().step_by(10).enumerate() {
+            assert_eq!(c.effective(t), k as f64 + 1.0);
+        }
+    }
+
+    #[test]
     fn idle_tokens_are_capped_at_burst() {
         let mut c = BucketCore::new(0, 1000.0, 50.0);
         // Idle for 10 s: only 50 tokens are available, not 10 000.
@@ -789,7 +910,7 @@ mod tests {
         let mut pending: std::collections::VecDeque<(u64, f64, f64)> = Default::default(); // (arrival, ticket, cost)
         let mut admitted = Vec::new();
         // Moves time to `target`, admitting pending requests at their exact deadlines.
-        let advance = |c: &BucketCore,
+        let advance = |c: &mut BucketCore,
                        now: &mut u64,
                        target: u64,
                        pending: &mut std::collections::VecDeque<(u64, f64, f64)>,
@@ -800,9 +921,14 @@ mod tests {
                         *now = (*now).max(at);
                         admitted.push((arrival, *now, cost));
                         pending.pop_front();
+                        c.done(ticket);
                     }
                     _ => break,
                 }
+            }
+            // The ones left wait (as the bucket records them).
+            for &(_, ticket, _) in pending.iter() {
+                c.wait(ticket);
             }
             *now = target;
         };
@@ -810,31 +936,31 @@ mod tests {
             match *s {
                 Step::Request { gap_us, cost } => {
                     let target = now + gap_us * 1000;
-                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    advance(&mut c, &mut now, target, &mut pending, &mut admitted);
                     let t = c.reserve(now, cost);
                     pending.push_back((now, t, cost));
                     let target = now;
-                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    advance(&mut c, &mut now, target, &mut pending, &mut admitted);
                 }
                 Step::SetRate { gap_us, rate, burst } => {
                     let target = now + gap_us * 1000;
-                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    advance(&mut c, &mut now, target, &mut pending, &mut admitted);
                     c.set(now, rate, burst);
                     rates.push((now, rate));
                     max_burst = max_burst.max(burst);
                     min_burst = min_burst.min(burst);
                     let target = now;
-                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    advance(&mut c, &mut now, target, &mut pending, &mut admitted);
                 }
                 Step::Cancel { gap_us, pick } => {
                     let target = now + gap_us * 1000;
-                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    advance(&mut c, &mut now, target, &mut pending, &mut admitted);
                     if !pending.is_empty() {
                         let (_, ticket, cost) = pending.remove(pick % pending.len()).unwrap();
                         c.cancel(ticket, cost);
                     }
                     let target = now;
-                    advance(&c, &mut now, target, &mut pending, &mut admitted);
+                    advance(&mut c, &mut now, target, &mut pending, &mut admitted);
                 }
             }
         }

@@ -343,10 +343,20 @@ impl EnforcementObject for Qos {
         }
     }
 
+    /// Dropped while waiting: its place is given back, and when it waits at
+    /// the IOPS step, the bandwidth it was already admitted for comes back
+    /// too (a cancelled request is not charged at all).
     fn cancel_enforce(&self, ctx: &Context, w: &mut super::AsyncWait) {
         if let Some((bw, ops)) = self.buckets_for(ctx) {
-            let bucket = if w.bucket.step == 0 { bw } else { ops };
-            bucket.cancel(ctx.size, &mut w.bucket);
+            if w.bucket.step == 0 {
+                bw.cancel(ctx.size, &mut w.bucket);
+            } else {
+                let waiting = w.bucket.is_waiting();
+                ops.cancel(ctx.size, &mut w.bucket);
+                if waiting {
+                    bw.refund(ctx.size);
+                }
+            }
         }
     }
 
@@ -387,6 +397,32 @@ mod tests {
     use super::*;
     use crate::context::RequestType;
     use std::time::Instant;
+
+    #[test]
+    fn a_read_cancelled_at_its_iops_step_gives_its_bandwidth_back() {
+        // A second's burst: 100 KiB of bandwidth, 1 operation.
+        let q = Qos::new(QosSpec {
+            rbps: Some("100KiB/s".parse().unwrap()),
+            riops: Some("1".parse().unwrap()),
+            refill_period: Some(Duration::from_secs(1)),
+            ..Default::default()
+        })
+        .unwrap();
+        // The one operation of the burst.
+        q.enforce(&Context::new(RequestType::Read, 1)).unwrap();
+        // 50 KiB: admitted by the bandwidth bucket at once, then waits
+        // for an operation; dropped there.
+        let ctx = Context::new(RequestType::Read, 50 << 10);
+        let mut w = crate::objects::AsyncWait::default();
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        assert!(q.poll_enforce(&ctx, &mut w, &mut cx).is_pending());
+        assert!(w.is_waiting());
+        q.cancel_enforce(&ctx, &mut w);
+        assert!(!w.is_waiting());
+        assert_eq!(q.rbps.stats().admitted_tokens, 1.0, "the cancelled read's bytes stayed charged");
+        assert_eq!(q.riops.stats().waiting, 0);
+    }
 
     #[test]
     fn linstor_style_spec() {
