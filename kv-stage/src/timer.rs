@@ -150,7 +150,6 @@ pub(crate) fn cancel(key: u64) {
     }
 }
 
-
 /// A future that completes after a duration, timed by kv-stage's timer
 /// thread (microsecond precision, any executor).
 ///

@@ -192,6 +192,7 @@ fn a_lease_undoes_structural_changes_and_frees_a_jailed_request() {
     };
     let released = jailed.join().unwrap().expect("the write completes, not fails");
     let after = released.duration_since(taken);
+    eprintln!("the jailed write completed {after:?} after the structural change (lease {lease:?})");
     assert!(after < lease + Duration::from_secs(1), "the jailed write completed {after:?} after the change");
     let now = s.stage_info();
     assert_eq!(now.channels, before.channels, "the stage's own model is back");
