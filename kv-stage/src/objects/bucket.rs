@@ -44,7 +44,7 @@
 //! Rate changes, shutdown, retirement and closing instances wake every
 //! waiter, as they wake every blocking one.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
@@ -83,8 +83,10 @@ pub(crate) struct BucketCore {
     /// Sum of the holes' costs.
     hole_total: f64,
     /// Tickets of the requests waiting now (see [`wait`](Self::wait)), by
-    /// their bits (positive floats order as their bits do).
-    waiting: std::collections::BTreeSet<u64>,
+    /// their bits (positive floats order as their bits do), in order. A
+    /// deque: requests mostly join at the back and leave at the front, and
+    /// it keeps its capacity (no allocation per waiting request).
+    waiting: VecDeque<u64>,
 }
 
 impl BucketCore {
@@ -98,7 +100,7 @@ impl BucketCore {
             issued: 0.0,
             holes: Vec::new(),
             hole_total: 0.0,
-            waiting: std::collections::BTreeSet::new(),
+            waiting: VecDeque::new(),
         }
     }
 
@@ -170,19 +172,27 @@ impl BucketCore {
 
     /// The request whose range ends at `ticket` waits (idempotent).
     pub(crate) fn wait(&mut self, ticket: f64) {
-        self.waiting.insert(ticket.to_bits());
+        let bits = ticket.to_bits();
+        if self.waiting.back().is_none_or(|&b| b < bits) {
+            self.waiting.push_back(bits);
+        } else if let Err(i) = self.waiting.binary_search(&bits) {
+            self.waiting.insert(i, bits);
+        }
     }
 
     /// The request whose range ends at `ticket` stopped waiting (admitted
     /// or failed).
     pub(crate) fn done(&mut self, ticket: f64) {
-        self.waiting.remove(&ticket.to_bits());
+        if let Ok(i) = self.waiting.binary_search(&ticket.to_bits()) {
+            self.waiting.remove(i);
+        }
     }
 
     /// Whether a waiting ticket lies strictly between `lo` and `hi`.
     fn waiting_between(&self, lo: f64, hi: f64) -> bool {
-        use std::ops::Bound::Excluded;
-        lo < hi && self.waiting.range((Excluded(lo.to_bits()), Excluded(hi.to_bits()))).next().is_some()
+        let (lo, hi) = (lo.to_bits(), hi.to_bits());
+        let first_above = self.waiting.partition_point(|&b| b <= lo);
+        self.waiting.get(first_above).is_some_and(|&b| b < hi)
     }
 
     /// Gives back the place of a waiting request (its range ends at `ticket`
@@ -213,7 +223,7 @@ impl BucketCore {
             }
         }
         // Holes below every waiting ticket are one hole.
-        let first_waiting = self.waiting.first().map_or(f64::INFINITY, |&b| f64::from_bits(b));
+        let first_waiting = self.waiting.front().map_or(f64::INFINITY, |&b| f64::from_bits(b));
         while self.holes.len() >= 2 && self.holes[1].0 < first_waiting {
             let (_, c) = self.holes.remove(0);
             self.holes[0].1 += c;
@@ -294,10 +304,11 @@ struct State {
     /// Instances whose requests are admitted without waiting (closing).
     closed: Vec<InstanceId>,
     stats: BucketStats,
-    /// Async waiters by the position they took (in the order they took
-    /// their places); one that leaves is removed at once, so the line holds
-    /// the waiters there are, however many left before.
-    line: BTreeMap<u64, Waker>,
+    /// Async waiters with the position they took, in that order; one that
+    /// leaves is removed at once, so the line holds the waiters there are,
+    /// however many left before. A deque: joins at the back, leaves mostly
+    /// at the front, and keeps its capacity.
+    line: VecDeque<(u64, Waker)>,
     /// The position the next async waiter takes.
     next_pos: u64,
 }
@@ -318,31 +329,38 @@ impl State {
     fn join_line(&mut self, waker: &Waker) -> u64 {
         let pos = self.next_pos;
         self.next_pos += 1;
-        self.line.insert(pos, waker.clone());
+        self.line.push_back((pos, waker.clone()));
         pos
     }
 
+    fn line_index(&self, pos: u64) -> Option<usize> {
+        self.line.binary_search_by_key(&pos, |(p, _)| *p).ok()
+    }
+
     fn line_slot(&mut self, pos: u64) -> Option<&mut Waker> {
-        self.line.get_mut(&pos)
+        let i = self.line_index(pos)?;
+        self.line.get_mut(i).map(|(_, w)| w)
     }
 
     /// Takes an async waiter out of line and wakes the first one left, whose
     /// place may have moved up.
     fn leave_line(&mut self, pos: u64) {
-        self.line.remove(&pos);
+        if let Some(i) = self.line_index(pos) {
+            self.line.remove(i);
+        }
         self.wake_first();
     }
 
     /// Wakes the first async waiter in line.
     fn wake_first(&self) {
-        if let Some((_, w)) = self.line.first_key_value() {
+        if let Some((_, w)) = self.line.front() {
             w.wake_by_ref();
         }
     }
 
     /// Wakes every async waiter (they recompute their deadlines).
     fn wake_line(&self) {
-        self.line.values().for_each(Waker::wake_by_ref);
+        self.line.iter().for_each(|(_, w)| w.wake_by_ref());
     }
 }
 
@@ -406,7 +424,7 @@ impl Bucket {
                 retired: false,
                 closed: Vec::new(),
                 stats: BucketStats::default(),
-                line: BTreeMap::new(),
+                line: VecDeque::new(),
                 next_pos: 0,
             }),
             cv: Condvar::new(),
