@@ -262,20 +262,30 @@ freopen_hooks! {
 /// as "not supported here"); `sendfile` and `splice`: `EINVAL` (what they
 /// return where the file system cannot do them; Python's `shutil`, for
 /// one, falls back on it).
-#[unsafe(no_mangle)]
-unsafe extern "C" fn copy_file_range(
-    fd_in: c_int,
-    off_in: *mut off64_t,
-    fd_out: c_int,
-    off_out: *mut off64_t,
-    len: size_t,
-    flags: c_uint,
-) -> ssize_t {
-    if state::limited(fd_in) || state::limited(fd_out) {
-        return fail(libc::ENOSYS);
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `copy_file_range`.
-    unsafe { real::copy_file_range()(fd_in, off_in, fd_out, off_out, len, flags) }
+macro_rules! range_copy_hooks {
+    ($($name:ident = $real:ident, $errno:expr;)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "` (see above).")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name(
+            fd_in: c_int,
+            off_in: *mut off64_t,
+            fd_out: c_int,
+            off_out: *mut off64_t,
+            len: size_t,
+            flags: c_uint,
+        ) -> ssize_t {
+            if state::limited(fd_in) || state::limited(fd_out) {
+                return fail($errno);
+            }
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            unsafe { real::$real()(fd_in, off_in, fd_out, off_out, len, flags) }
+        }
+    )+};
+}
+
+range_copy_hooks! {
+    copy_file_range = copy_file_range, libc::ENOSYS;
+    splice = splice, libc::EINVAL;
 }
 
 macro_rules! sendfile_hooks {
@@ -295,23 +305,6 @@ macro_rules! sendfile_hooks {
 sendfile_hooks! {
     sendfile = sendfile(off_t);
     sendfile64 = sendfile64(off64_t);
-}
-
-/// Hook for `splice` (see `copy_file_range`).
-#[unsafe(no_mangle)]
-unsafe extern "C" fn splice(
-    fd_in: c_int,
-    off_in: *mut off64_t,
-    fd_out: c_int,
-    off_out: *mut off64_t,
-    len: size_t,
-    flags: c_uint,
-) -> ssize_t {
-    if state::limited(fd_in) || state::limited(fd_out) {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: the caller's arguments, passed on unchanged to libc's `splice`.
-    unsafe { real::splice()(fd_in, off_in, fd_out, off_out, len, flags) }
 }
 
 /// POSIX AIO: glibc's helper threads call `pread`/`pwrite` inside libc,

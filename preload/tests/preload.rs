@@ -137,17 +137,24 @@ fn limits_follow_descriptors_through_dup_close_fork_and_threads() {
     let d = dir.path();
     let rules = d.join("rules.toml");
     write_rules(&rules, &volumes(&[("slow", &d.join("slow"), "wiops=20")]));
-    let probe = support::profile_dir().join("examples/fd_probe");
+    let text = run_probe("fd_probe", d, &rules);
+    assert!(text.contains("forked child, inherited limited fd"), "{text}");
+}
+
+/// Runs the example program `name` with `dir` under the library and
+/// `rules`; returns its stdout, after checking it succeeded.
+fn run_probe(name: &str, dir: &Path, rules: &Path) -> String {
+    let probe = support::profile_dir().join("examples").join(name);
     let out = Command::new(&probe)
-        .arg(d)
+        .arg(dir)
         .env("LD_PRELOAD", support::library())
-        .env("KVSDS_RULES", &rules)
+        .env("KVSDS_RULES", rules)
         .output()
         .unwrap_or_else(|e| panic!("{}: {e} (cargo builds examples with the tests)", probe.display()));
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "fd_probe: {}", out.status);
-    assert!(text.contains("forked child, inherited limited fd"), "{text}");
+    assert!(out.status.success(), "{name}: {}", out.status);
+    text
 }
 
 #[test]
@@ -271,15 +278,6 @@ fn no_escape_through_closefrom_raw_close_vfork_short_reads_kernel_copies_or_a_la
         &rules,
         &volumes(&[("slow", &d.join("slow"), "rbps=1MiB wbps=1MiB"), ("later", &d.join("link/later"), "wbps=1MiB")]),
     );
-    let probe = support::profile_dir().join("examples/escape_probe");
-    let out = Command::new(&probe)
-        .arg(d)
-        .env("LD_PRELOAD", support::library())
-        .env("KVSDS_RULES", &rules)
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e} (cargo builds examples with the tests)", probe.display()));
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "escape_probe: {}", out.status);
+    let text = run_probe("escape_probe", d, &rules);
     assert!(text.contains("a file in a volume made after start"), "{text}");
 }

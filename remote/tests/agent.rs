@@ -3,39 +3,19 @@
 //! bytes, a rules set with one bad rule, and leases that run out. Real
 //! agents on real sockets, in this process.
 
+mod support;
+
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use controller::StageHandle;
 use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
-use kv_stage::{DrlSpec, Match, ObjectConfig, ObjectSpec, Rate, RequestContext, Rule, RuleSet, RulesFormat, Stage};
-
-fn stage(name: &str) -> Arc<Stage> {
-    let stage = Arc::new(Stage::new(name));
-    stage
-        .apply_rules([
-            Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
-            Rule::CreateObject {
-                channel: "fg".into(),
-                object: "drl".into(),
-                spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
-                matches: None,
-            },
-        ])
-        .unwrap();
-    stage
-}
+use kv_stage::{ObjectConfig, Rate, RequestContext, Rule, RuleSet, RulesFormat, Stage};
+use support::{drl_rate, stage, wait_until};
 
 fn loopback() -> Endpoint {
     "127.0.0.1:0".parse().unwrap()
-}
-
-fn drl_rate(stage: &Stage) -> Rate {
-    match stage.object("fg", "drl").unwrap().spec() {
-        Some(ObjectSpec::Drl(s)) => s.rate,
-        other => panic!("not a drl: {other:?}"),
-    }
 }
 
 /// The token the TCP agents of these tests take (a TCP listener needs one).
@@ -228,40 +208,12 @@ fn a_100_mib_message_is_refused_and_the_stage_keeps_serving() {
     still_serves(&agent, Some(TOKEN));
 }
 
-/// A gRPC call by hand over HTTP/2, with a body of our choosing.
+/// A gRPC call by hand over loopback TCP, with a body of our choosing.
 fn raw_call(addr: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (Option<String>, Option<String>) {
-    use http_body_util::BodyExt;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut send, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await
-        .unwrap();
-        tokio::spawn(conn);
-        let req = hyper::Request::post(format!("http://{addr}{path}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("kvsds-protocol", "1")
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-            .unwrap();
-        let resp = send.send_request(req).await.unwrap();
-        let header = |h: &hyper::HeaderMap| {
-            (
-                h.get("grpc-status").map(|v| v.to_str().unwrap().to_owned()),
-                h.get("grpc-message").map(|v| v.to_str().unwrap().to_owned()),
-            )
-        };
-        let (status, message) = header(resp.headers());
-        if status.is_some() {
-            return (status, message);
-        }
-        let collected =
-            tokio::time::timeout(Duration::from_secs(5), resp.into_body().collect()).await.unwrap().unwrap();
-        collected.trailers().map(header).unwrap_or((None, None))
+        support::grpc_raw(stream, path, body, Some(TOKEN)).await
     })
 }
 
@@ -288,18 +240,6 @@ fn truncated_and_malformed_frames_are_refused() {
     let _ = tcp.read_to_end(&mut buf);
     assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
     still_serves(&agent, Some(TOKEN));
-}
-
-/// Polls until `f` holds, at most `limit`; returns how long it took.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    None
 }
 
 #[test]

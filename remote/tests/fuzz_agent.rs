@@ -6,10 +6,12 @@
 //! is unlimited or at least the agent's lowest rate. Real agent on a Unix
 //! socket. Bounded: `FUZZ_CASES` cases per property (default 300).
 
+mod support;
+
 use std::sync::Arc;
 
 use kv_remote::{ClientOptions, Connector, RemoteStage, StageAgent, pb};
-use kv_stage::{DrlSpec, Match, ObjectSpec, RateUnit, RequestContext, Rule, Stage};
+use kv_stage::{ObjectSpec, RateUnit, Stage};
 use proptest::prelude::*;
 
 struct Rig {
@@ -24,18 +26,7 @@ fn rig() -> &'static Rig {
     static RIG: std::sync::OnceLock<Rig> = std::sync::OnceLock::new();
     RIG.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let stage = Arc::new(Stage::new("fuzz"));
-        stage
-            .apply_rules([
-                Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
-                Rule::CreateObject {
-                    channel: "fg".into(),
-                    object: "drl".into(),
-                    spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
-                    matches: None,
-                },
-            ])
-            .unwrap();
+        let stage = support::stage("fuzz");
         let path = dir.path().join("fuzz.sock");
         let endpoint = format!("unix:{}", path.display()).parse().unwrap();
         let agent = StageAgent::serve(Arc::clone(&stage), &endpoint).unwrap();
@@ -61,33 +52,11 @@ fn still_sound(r: &Rig) {
 /// Sends `body` as one gRPC message to `method`, over a fresh HTTP/2
 /// connection on the Unix socket; returns the grpc-status.
 fn raw(path: &std::path::Path, method: &str, body: &[u8]) -> Option<String> {
-    use http_body_util::BodyExt;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    frame.extend_from_slice(body);
     rt.block_on(async move {
         let stream = tokio::net::UnixStream::connect(path).await.unwrap();
-        let (mut send, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await
-        .unwrap();
-        tokio::spawn(conn);
-        let req = hyper::Request::post(format!("http://agent/kvsds.control.v1.StageAgent/{method}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("kvsds-protocol", "1")
-            .body(http_body_util::Full::new(bytes::Bytes::from(frame)))
-            .unwrap();
-        let resp = send.send_request(req).await.ok()?;
-        if let Some(s) = resp.headers().get("grpc-status") {
-            return Some(s.to_str().unwrap_or("?").to_owned());
-        }
-        let body =
-            tokio::time::timeout(std::time::Duration::from_secs(5), resp.into_body().collect()).await.ok()?.ok()?;
-        body.trailers().and_then(|t| t.get("grpc-status")).map(|s| s.to_str().unwrap_or("?").to_owned())
+        let path = format!("/kvsds.control.v1.StageAgent/{method}");
+        support::grpc_raw(stream, &path, support::frame(body), None).await.0
     })
 }
 

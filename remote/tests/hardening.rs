@@ -4,6 +4,8 @@
 //! outlive their lease, idle and surplus connections, leases shortened or
 //! whose fallback fails. Real agents on real sockets, in this process.
 
+mod support;
+
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -11,32 +13,9 @@ use std::time::{Duration, Instant};
 
 use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
 use kv_stage::{
-    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, Rate, RequestContext, RequestType, Rule, RuleSet, RulesFormat,
-    Stage,
+    Context, DrlSpec, ObjectConfig, ObjectSpec, Rate, RequestContext, RequestType, Rule, RuleSet, RulesFormat,
 };
-
-fn stage(name: &str) -> Arc<Stage> {
-    let stage = Arc::new(Stage::new(name));
-    stage
-        .apply_rules([
-            Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
-            Rule::CreateObject {
-                channel: "fg".into(),
-                object: "drl".into(),
-                spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
-                matches: None,
-            },
-        ])
-        .unwrap();
-    stage
-}
-
-fn drl_rate(stage: &Stage) -> Rate {
-    match stage.object("fg", "drl").unwrap().spec() {
-        Some(ObjectSpec::Drl(s)) => s.rate,
-        other => panic!("not a drl: {other:?}"),
-    }
-}
+use support::{drl_rate, stage, wait_until};
 
 fn socket(dir: &tempfile::TempDir, name: &str) -> Endpoint {
     format!("unix:{}", dir.path().join(name).display()).parse().unwrap()
@@ -44,17 +23,6 @@ fn socket(dir: &tempfile::TempDir, name: &str) -> Endpoint {
 
 fn connector(lease: Duration) -> Connector {
     Connector::new(ClientOptions { lease, ..ClientOptions::default() }).unwrap()
-}
-
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    None
 }
 
 #[test]

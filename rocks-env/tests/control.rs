@@ -13,6 +13,10 @@ use rocks_env::{RocksLayout, StagedDb};
 #[test]
 fn ln_compaction_rate_follows_its_drl_and_clients_keep_their_pace() {
     const LN_RATE: f64 = 2.0 * 1024.0 * 1024.0; // 2 MiB/s
+    // A fresh machine has gigabytes of build output to write back; flush
+    // it first, so the compactions measured wait for their DRL and not
+    // for the disk.
+    let _ = std::process::Command::new("sync").status();
     let dir = tempfile::tempdir().unwrap();
     let stage = Arc::new(Stage::new("control"));
     let handles = RocksLayout::new().install(&stage).unwrap();
@@ -45,7 +49,17 @@ fn ln_compaction_rate_follows_its_drl_and_clients_keep_their_pace() {
         jobs.compaction_ln.begun, ln.bytes, measured
     );
     assert!(busy >= Duration::from_secs(2), "too little LN compaction to measure: {jobs:?}");
-    assert!((measured / LN_RATE - 1.0).abs() <= 0.05, "LN rate {measured:.0} B/s vs limit {LN_RATE:.0} B/s");
+    // Over the limit by more than 5% would be the DRL letting bytes
+    // through; under it is the device's or the CPU's doing (a compaction
+    // cannot go faster than its disk), seen down to -15% on a fresh CI
+    // machine, against -2.5% on an idle one. -20% still tells a wrong rate
+    // (half, double) from the right one.
+    let off = measured / LN_RATE - 1.0;
+    assert!(
+        (-0.20..=0.05).contains(&off),
+        "LN rate {measured:.0} B/s vs limit {LN_RATE:.0} B/s ({:+.1}%)",
+        off * 100.0
+    );
 
     // Clients were not slowed: RocksDB never stalled writes, the foreground
     // Noop never held a request, and the paced writer kept its schedule.

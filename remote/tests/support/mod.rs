@@ -1,0 +1,98 @@
+//! What the agent tests share: the stage they serve, reading its DRL,
+//! polling for a condition, and a gRPC call made by hand over HTTP/2 (a
+//! body of the test's choosing, on any stream).
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kv_stage::{DrlSpec, Match, ObjectSpec, Rate, RequestContext, Rule, Stage};
+
+/// A stage with `fg` (foreground) and its DRL at 64 MiB/s.
+pub fn stage(name: &str) -> Arc<Stage> {
+    let stage = Arc::new(Stage::new(name));
+    stage
+        .apply_rules([
+            Rule::CreateChannel { channel: "fg".into(), matches: Some(Match::context(RequestContext::FOREGROUND)) },
+            Rule::CreateObject {
+                channel: "fg".into(),
+                object: "drl".into(),
+                spec: ObjectSpec::Drl(DrlSpec::new("64MiB/s".parse().unwrap())),
+                matches: None,
+            },
+        ])
+        .unwrap();
+    stage
+}
+
+/// The rate of `fg/drl`.
+pub fn drl_rate(stage: &Stage) -> Rate {
+    match stage.object("fg", "drl").unwrap().spec() {
+        Some(ObjectSpec::Drl(s)) => s.rate,
+        other => panic!("not a drl: {other:?}"),
+    }
+}
+
+/// Polls until `f` holds, at most `limit`; returns how long it took.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// Posts `body` (already framed, or not: the caller's choice) to `path`
+/// over HTTP/2 on `stream`, with protocol version 1 and `token` if given;
+/// returns the `grpc-status` and `grpc-message`, from the headers or the
+/// trailers.
+pub async fn grpc_raw<S>(stream: S, path: &str, body: Vec<u8>, token: Option<&str>) -> (Option<String>, Option<String>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    use http_body_util::BodyExt;
+    let Ok((mut send, conn)) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    else {
+        return (None, None);
+    };
+    tokio::spawn(conn);
+    let mut req = hyper::Request::post(format!("http://agent{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("kvsds-protocol", "1");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap();
+    let Ok(resp) = send.send_request(req).await else { return (None, None) };
+    let header = |h: &hyper::HeaderMap| {
+        (
+            h.get("grpc-status").map(|v| v.to_str().unwrap_or("?").to_owned()),
+            h.get("grpc-message").map(|v| v.to_str().unwrap_or("?").to_owned()),
+        )
+    };
+    let (status, message) = header(resp.headers());
+    if status.is_some() {
+        return (status, message);
+    }
+    match tokio::time::timeout(Duration::from_secs(5), resp.into_body().collect()).await {
+        Ok(Ok(collected)) => collected.trailers().map(header).unwrap_or((None, None)),
+        _ => (None, None),
+    }
+}
+
+/// A gRPC frame holding `msg`: uncompressed, length-prefixed.
+pub fn frame(msg: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8];
+    f.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    f.extend_from_slice(msg);
+    f
+}
