@@ -40,6 +40,11 @@ pub(crate) struct State {
     rules: Mutex<RuleSet>,
     /// The rules file.
     source: PathBuf,
+    /// The rules file's fingerprint when the rules applied now were read:
+    /// the reload watcher's starting point, so a change made before the
+    /// watcher starts (it starts with the first classified request) is
+    /// still seen.
+    seen: Mutex<Option<(SystemTime, u64)>>,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -89,7 +94,7 @@ fn unlock_reload() {
 }
 
 impl State {
-    fn build(rules: RuleSet, source: PathBuf) -> Result<State, String> {
+    fn build(rules: RuleSet, source: PathBuf, seen: Option<(SystemTime, u64)>) -> Result<State, String> {
         let stage = Arc::new(Stage::new("kvsds-preload"));
         stage.apply(&rules).map_err(|e| e.to_string())?;
         let volumes: Vec<Volume> = rules
@@ -116,54 +121,41 @@ impl State {
             volumes,
             rules: Mutex::new(rules),
             source,
+            seen: Mutex::new(seen),
         })
     }
 }
 
 /// The canonical form of a volume's path. One that does not exist yet
 /// (a directory the program makes later) is its deepest existing ancestor,
-/// made canonical, with the rest appended: what the kernel will show for
+/// made canonical, with the rest appended (lexically: none of the rest
+/// exists to resolve a symlink through): what the kernel will show for
 /// files made there, unless a symlink is made on the way.
 fn canonical_or_planned(p: &Path) -> PathBuf {
-    if let Ok(c) = std::fs::canonicalize(p) {
-        return c;
-    }
-    let absolute = if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
-    };
-    // Lexically: `.` dropped, `..` taken back (nothing of it exists to
-    // resolve a symlink through).
-    let mut clean = PathBuf::new();
-    for c in absolute.components() {
-        match c {
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                clean.pop();
-            }
-            other => clean.push(other.as_os_str()),
-        }
-    }
-    let mut base = clean.as_path();
-    let mut rest = Vec::new();
-    while let Some(parent) = base.parent() {
-        if let Some(name) = base.file_name() {
-            rest.push(name.to_owned());
-        }
-        base = parent;
-        if let Ok(c) = std::fs::canonicalize(base) {
-            let mut out = c;
-            out.extend(rest.iter().rev());
-            eprintln!(
-                "kvsds-preload: volume path {} does not exist yet; files made there later are limited as {}",
-                p.display(),
-                out.display()
-            );
+    for base in p.ancestors() {
+        let existing = if base.as_os_str().is_empty() { Path::new(".") } else { base };
+        let Ok(mut out) = std::fs::canonicalize(existing) else { continue };
+        let rest = p.strip_prefix(base).unwrap_or(Path::new(""));
+        if rest.as_os_str().is_empty() {
             return out;
         }
+        for c in rest.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                std::path::Component::Normal(n) => out.push(n),
+                _ => {}
+            }
+        }
+        eprintln!(
+            "kvsds-preload: volume path {} does not exist yet; files made there later are limited as {}",
+            p.display(),
+            out.display()
+        );
+        return out;
     }
-    clean
+    p.to_path_buf()
 }
 
 /// Whether a volume's requests need the stage: it has a limit, or the file
@@ -184,7 +176,10 @@ pub(crate) fn init() {
         return;
     };
     let path = PathBuf::from(path);
-    let built = RuleSet::load(&path).map_err(|e| e.to_string()).and_then(|rules| State::build(rules, path.clone()));
+    // Taken before the file is read: a change in between is reloaded.
+    let seen = fingerprint(&path);
+    let built =
+        RuleSet::load(&path).map_err(|e| e.to_string()).and_then(|rules| State::build(rules, path.clone(), seen));
     match built {
         Ok(state) => {
             // SAFETY: getpid cannot fail and has no preconditions.
@@ -231,11 +226,8 @@ pub(crate) fn classify(fd: c_int) {
     if st.volumes.is_empty() {
         return;
     }
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut sb: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `sb` is a valid out-parameter.
-    let stated = unsafe { libc::fstat(fd, &mut sb) } == 0;
-    let identity = if stated { fdtable::identity(sb.st_dev, sb.st_ino) } else { 0 };
+    let sb = fstat(fd);
+    let identity = sb.as_ref().map_or(0, |sb| fdtable::identity(sb.st_dev, sb.st_ino));
     let mut found = 0u16;
     if st.has_paths {
         let mut link = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
@@ -271,7 +263,10 @@ pub(crate) fn classify(fd: c_int) {
             }
         }
     }
-    if found == 0 && st.has_devices && stated {
+    if found == 0
+        && st.has_devices
+        && let Some(sb) = sb
+    {
         let dev = if sb.st_mode & libc::S_IFMT == libc::S_IFBLK { sb.st_rdev } else { sb.st_dev };
         let (major, minor) = split_dev(dev);
         if let Some(i) = st.volumes.iter().position(|v| v.holds_device(major, minor)) {
@@ -286,10 +281,7 @@ pub(crate) fn classify(fd: c_int) {
 /// the library's back is classified again. Only for descriptors of a
 /// limited volume (one `fstat`).
 fn checked_volume(fd: c_int, volume: u16) -> u16 {
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut sb: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `sb` is a valid out-parameter.
-    let now = if unsafe { libc::fstat(fd, &mut sb) } == 0 { fdtable::identity(sb.st_dev, sb.st_ino) } else { 0 };
+    let now = fstat(fd).map_or(0, |sb| fdtable::identity(sb.st_dev, sb.st_ino));
     if now == fdtable::identity_of(fd) {
         return volume;
     }
@@ -302,13 +294,28 @@ fn checked_volume(fd: c_int, volume: u16) -> u16 {
     }
 }
 
+/// `fstat` of `fd`, or `None` when it fails.
+fn fstat(fd: c_int) -> Option<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut sb: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `sb` is a valid out-parameter.
+    (unsafe { libc::fstat(fd, &mut sb) } == 0).then_some(sb)
+}
+
+impl State {
+    /// Whether volume `v` (1-based; 0 is none) has a limit its requests
+    /// must pass.
+    fn enforced(&self, v: u16) -> bool {
+        v > 0 && self.enforced.get(v as usize - 1).is_some_and(|e| e.load(Ordering::Relaxed))
+    }
+}
+
 /// Whether requests of `fd` are limited (a classified descriptor of a
 /// volume with a limit), after checking its identity.
 pub(crate) fn limited(fd: c_int) -> bool {
     let Some(st) = state() else { return false };
     let Some(v) = fdtable::volume(fd) else { return false };
-    let enforced = |v: u16| v > 0 && st.enforced.get(v as usize - 1).is_some_and(|e| e.load(Ordering::Relaxed));
-    enforced(v) && enforced(checked_volume(fd, v))
+    st.enforced(v) && st.enforced(checked_volume(fd, v))
 }
 
 /// The request a volume's descriptor makes, as the stage sees it.
@@ -331,12 +338,11 @@ pub(crate) fn enforce(fd: c_int, volume: u16, t: RequestType, size: u64) -> Resu
     if NEED_WATCHER.load(Ordering::Relaxed) && NEED_WATCHER.swap(false, Ordering::Relaxed) {
         start_watcher();
     }
-    let enforced = |v: u16| v > 0 && st.enforced.get(v as usize - 1).is_some_and(|e| e.load(Ordering::Relaxed));
-    if !enforced(volume) {
+    if !st.enforced(volume) {
         return Ok(None);
     }
     let volume = checked_volume(fd, volume);
-    if !enforced(volume) {
+    if !st.enforced(volume) {
         return Ok(None);
     }
     let Some(ctx) = context_of(st, volume, t, size) else { return Ok(None) };
@@ -382,7 +388,8 @@ extern "C" fn after_fork_child() {
             let rules = st.rules.lock().unwrap_or_else(|e| e.into_inner()).clone();
             // SAFETY: getpid cannot fail and has no preconditions.
             OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-            match State::build(rules, st.source.clone()) {
+            let seen = *st.seen.lock().unwrap_or_else(|e| e.into_inner());
+            match State::build(rules, st.source.clone(), seen) {
                 Ok(new) => STATE.store(Box::into_raw(Box::new(new)), Ordering::Release),
                 Err(e) => eprintln!("kvsds-preload: forked child keeps its parent's stage: {e}"),
             }
@@ -407,7 +414,7 @@ fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
 fn start_watcher() {
     let (Some(st), Some(every)) = (state(), reload_interval()) else { return };
     let path = st.source.clone();
-    let mut last = fingerprint(&path);
+    let mut last = *st.seen.lock().unwrap_or_else(|e| e.into_inner());
     let spawned = std::thread::Builder::new().name("kvsds-reload".into()).spawn(move || {
         loop {
             std::thread::sleep(every);
@@ -415,6 +422,11 @@ fn start_watcher() {
             if now.is_some() && now != last {
                 last = now;
                 lock_reload();
+                // Under the reload lock, which fork waits for: a child never
+                // finds this mutex held.
+                if let Some(st) = state() {
+                    *st.seen.lock().unwrap_or_else(|e| e.into_inner()) = now;
+                }
                 let r = std::panic::catch_unwind(|| reload(&path));
                 unlock_reload();
                 match r {

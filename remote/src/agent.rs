@@ -497,35 +497,19 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),
     };
-    let private = tempdir_in(parent).map_err(|e| Error::Agent(format!("{}: {e}", parent.display())))?;
-    let staged = private.join("agent.sock");
-    let result = (|| {
-        let listener = tokio::net::UnixListener::bind(&staged)
-            .map_err(|e| Error::Agent(format!("listening on {}: {e}", path.display())))?;
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
-        std::fs::rename(&staged, path).map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
-        Ok(listener)
-    })();
-    let _ = std::fs::remove_file(&staged);
-    let _ = std::fs::remove_dir(&private);
-    result
-}
-
-/// A new directory of mode 0700 in `parent`.
-fn tempdir_in(parent: &std::path::Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let pid = std::process::id();
-    for attempt in 0..100u32 {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let dir = parent.join(format!(".kvsds-agent-{pid}-{nanos:x}-{attempt}"));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free name for a private directory"))
+    // tempfile makes the directory with mode 0700 and removes it (and the
+    // staged socket, should the rename fail) when dropped.
+    let private = tempfile::Builder::new()
+        .prefix(".kvsds-agent-")
+        .tempdir_in(parent)
+        .map_err(|e| Error::Agent(format!("{}: {e}", parent.display())))?;
+    let staged = private.path().join("agent.sock");
+    let listener = tokio::net::UnixListener::bind(&staged)
+        .map_err(|e| Error::Agent(format!("listening on {}: {e}", path.display())))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
+    std::fs::rename(&staged, path).map_err(|e| Error::Agent(format!("{}: {e}", path.display())))?;
+    Ok(listener)
 }
 
 /// The effective uid of this process (the owner of `/proc/self`).
@@ -931,13 +915,21 @@ impl Shared {
         Ok(())
     }
 
-    /// Takes (or extends) the lease, remembering the stage as it is now
-    /// when none was held. The watcher is woken: the deadline may be
-    /// earlier than the one it sleeps on.
-    fn take_lease(&self, lease: &mut Lease, lease_ms: u64) {
-        if lease.checkpoint.is_none() {
-            lease.checkpoint = Some(self.stage.checkpoint());
+    /// The checkpoint a change under `lease_ms` needs, taken before the
+    /// change: only when it takes a lease and none is held.
+    fn checkpoint_for(&self, lease: &Lease, lease_ms: u64) -> Option<Checkpoint> {
+        (lease_ms > 0 && lease.checkpoint.is_none()).then(|| self.stage.checkpoint())
+    }
+
+    /// Takes (or extends) the lease after a change that succeeded; `taken`
+    /// is the stage before it ([`checkpoint_for`](Self::checkpoint_for)),
+    /// kept when no lease was held. The watcher is woken: the deadline may
+    /// be earlier than the one it sleeps on.
+    fn take_lease(&self, lease: &mut Lease, lease_ms: u64, taken: Option<Checkpoint>) {
+        if lease_ms == 0 {
+            return;
         }
+        lease.checkpoint = lease.checkpoint.take().or(taken);
         lease.deadline = Some(Instant::now() + self.clamp(lease_ms));
         lease.retrying = false;
         self.leased.notify_one();
@@ -1257,24 +1249,15 @@ impl StageAgentService for Service {
         // between the checkpoint and the change.
         let mut lease = s.lease.lock().unwrap_or_else(|e| e.into_inner());
         s.check_rules(&rules).map_err(|m| s.invalid(Status::invalid_argument(m)))?;
-        let (checkpoint, deadline, retrying) = (lease.checkpoint.clone(), lease.deadline, lease.retrying);
-        if r.lease_ms > 0 {
-            s.take_lease(&mut lease, r.lease_ms);
-        }
-        match s.stage.apply(&rules) {
-            Ok(report) => Ok(Response::new(pb::ApplyRulesReply {
-                configured: report.configured as u64,
-                generation: report.generation,
-                warnings: report.warnings,
-            })),
-            Err(e) => {
-                // Nothing was applied: the lease is as it was.
-                lease.checkpoint = checkpoint;
-                lease.deadline = deadline;
-                lease.retrying = retrying;
-                Err(s.invalid(stage_status(&e)))
-            }
-        }
+        let taken = s.checkpoint_for(&lease, r.lease_ms);
+        // Nothing applied on an error: the lease stays as it was.
+        let report = s.stage.apply(&rules).map_err(|e| s.invalid(stage_status(&e)))?;
+        s.take_lease(&mut lease, r.lease_ms, taken);
+        Ok(Response::new(pb::ApplyRulesReply {
+            configured: report.configured as u64,
+            generation: report.generation,
+            warnings: report.warnings,
+        }))
     }
 
     async fn configure(
@@ -1308,16 +1291,9 @@ impl StageAgentService for Service {
         s.check_config(&format!("{}/{}", r.channel, r.object), handle.spec().as_ref(), &set)
             .map_err(|m| s.invalid(Status::invalid_argument(m)))?;
         let mut lease = s.lease.lock().unwrap_or_else(|e| e.into_inner());
-        let (checkpoint, deadline, retrying) = (lease.checkpoint.clone(), lease.deadline, lease.retrying);
-        if r.lease_ms > 0 {
-            s.take_lease(&mut lease, r.lease_ms);
-        }
-        if let Err(e) = handle.configure(&set) {
-            lease.checkpoint = checkpoint;
-            lease.deadline = deadline;
-            lease.retrying = retrying;
-            return Err(s.invalid(stage_status(&e)));
-        }
+        let taken = s.checkpoint_for(&lease, r.lease_ms);
+        handle.configure(&set).map_err(|e| s.invalid(stage_status(&e)))?;
+        s.take_lease(&mut lease, r.lease_ms, taken);
         drop(lease);
         Ok(Response::new(pb::ConfigureReply {}))
     }

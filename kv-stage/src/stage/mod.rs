@@ -270,9 +270,8 @@ impl Stage {
     /// bytes, e.g. a read that reached the end of its file. The object it
     /// went to returns the unused bytes to its bandwidth bucket, so they do
     /// not delay the requests after it. Counters keep the size enforced.
-    /// Does nothing when the layout changed in between and the request's
-    /// route now leads elsewhere... (the refund then goes to the object the
-    /// same request would go to now).
+    /// Should the rules have changed in between, the refund goes to the
+    /// object the same request would go to now.
     pub fn refund(&self, ctx: &Context, unused: u64) {
         if unused == 0 || self.shut_down.load(Ordering::Relaxed) {
             return;
