@@ -160,6 +160,10 @@ pub fn run(jobs: &[Job], runtime: Duration, under: Under<'_>, bw_log: Option<&Pa
     for j in jobs {
         args.extend(j.args());
     }
+    // A fresh machine has gigabytes of build output to write back, and the
+    // direct writes measured here would wait behind it (a CI run saw both
+    // volumes at 40% of their limits in the same second): flush it first.
+    let _ = Command::new("sync").status();
     let mut cmd = match &under {
         Under::Cgroup(cg) => {
             let mut c = Command::new("sh");
