@@ -82,17 +82,20 @@ fn a_limit_changes_live_while_fio_runs() {
     write_rules(&rules, &volumes(&[("v", &d.join("v"), "wbps=4MiB"), ("z", &d.join("z"), "")]));
     let logs = d.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    let changer = {
-        let (rules, v, z) = (rules.clone(), d.join("v"), d.join("z"));
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(3500));
-            support::write_rules_at(&rules, &volumes(&[("v", &v, "wbps=8MiB"), ("z", &z, "wbps=2MiB")]))
-        })
-    };
     let jobs =
         [Job::new("v", &d.join("v/data"), "write", "4k", true), Job::new("z", &d.join("z/data"), "write", "4k", true)];
-    let got = run(&jobs, Duration::from_secs(8), Under::Preload(&rules), Some(&logs));
-    let written = changer.join().unwrap();
+    // The change's clock starts when fio does: the `sync` before it took
+    // longer than 3.5 s on a fresh CI machine, and the jobs then started
+    // with the new rules already in place.
+    let mut changer = None;
+    let got = support::run_with(&jobs, Duration::from_secs(8), Under::Preload(&rules), Some(&logs), || {
+        let (rules, v, z) = (rules.clone(), d.join("v"), d.join("z"));
+        changer = Some(std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(3500));
+            support::write_rules_at(&rules, &volumes(&[("v", &v, "wbps=8MiB"), ("z", &z, "wbps=2MiB")]))
+        }));
+    });
+    let written = changer.expect("fio started").join().unwrap();
     let (v, z) = (&got[0].per_second_kib, &got[1].per_second_kib);
     eprintln!("per second, KiB/s: v {v:?}, z {z:?}");
     // Each fio job process applied the change within one refill period of

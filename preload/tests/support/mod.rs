@@ -146,6 +146,18 @@ pub enum Under<'a> {
 /// Runs the jobs at once for `runtime`, returns one result per job.
 /// `bw_log` asks for a per-second bandwidth log in that directory.
 pub fn run(jobs: &[Job], runtime: Duration, under: Under<'_>, bw_log: Option<&Path>) -> Vec<Measured> {
+    run_with(jobs, runtime, under, bw_log, || {})
+}
+
+/// [`run`], calling `started` once fio is spawned (after the `sync` before
+/// it, which on a fresh machine can take longer than a whole run).
+pub fn run_with(
+    jobs: &[Job],
+    runtime: Duration,
+    under: Under<'_>,
+    bw_log: Option<&Path>,
+    started: impl FnOnce(),
+) -> Vec<Measured> {
     let mut args: Vec<String> = vec![
         "--output-format=json".into(),
         "--time_based".into(),
@@ -177,7 +189,9 @@ pub fn run(jobs: &[Job], runtime: Duration, under: Under<'_>, bw_log: Option<&Pa
     if let Under::Preload(rules) = under {
         cmd.env("LD_PRELOAD", library()).env("KVSDS_RULES", rules);
     }
-    let out = cmd.output().expect("run fio");
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run fio");
+    started();
+    let out = child.wait_with_output().expect("wait for fio");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "fio failed ({}): {stderr}\n{stdout}", out.status);
