@@ -18,9 +18,11 @@ use kv_stage::{
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{self, AgentKeys, same};
 use crate::convert;
 use crate::error::{Error, Result};
 use crate::pb;
+use crate::pb::agent_auth_server::{AgentAuth as AgentAuthService, AgentAuthServer};
 use crate::pb::stage_agent_server::{StageAgent as StageAgentService, StageAgentServer};
 use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, STAGE_KEY, TOKEN_KEY};
 
@@ -242,7 +244,9 @@ impl AgentBuilder {
         self
     }
 
-    /// Requires `authorization: Bearer <token>` on every call. Needed to
+    /// Requires a credential on every call: a session opened by an
+    /// `AgentAuth` challenge (what [`Connector`](crate::Connector) does,
+    /// never sending the token), or `authorization: Bearer <token>`. Needed to
     /// listen on TCP (loopback included: any local user can reach a
     /// loopback port); a Unix socket relies on the peer's uid instead,
     /// and takes a token too when one is set.
@@ -371,8 +375,13 @@ impl AgentBuilder {
                 fallbacks: AtomicU64::new(0),
             }));
         }
+        let keys = match &self.token {
+            Some(t) => Some(AgentKeys::new(t).map_err(Error::Agent)?),
+            None => None,
+        };
         let core = Arc::new(Core {
             token: self.token.clone(),
+            keys,
             slots,
             calls: AtomicU64::new(0),
             refused_token: AtomicU64::new(0),
@@ -404,7 +413,10 @@ impl AgentBuilder {
             .concurrency_limit_per_connection(64)
             .timeout(Duration::from_secs(10))
             .http2_max_header_list_size(16 * 1024)
-            .add_service(server);
+            .add_service(server)
+            // Outside the token check: it is how a client checks the agent
+            // before it sends anything that needs one.
+            .add_service(AgentAuthServer::new(Auth { core: Arc::clone(&core) }).max_decoding_message_size(1024));
         let shutdown = async {
             let _ = stop_rx.await;
         };
@@ -746,6 +758,8 @@ struct Lease {
 #[derive(Debug)]
 struct Core {
     token: Option<String>,
+    /// Answers challenges and checks sessions (with a token only).
+    keys: Option<AgentKeys>,
     /// The stages served, the first being the default.
     slots: Vec<Arc<Shared>>,
     calls: AtomicU64,
@@ -771,29 +785,36 @@ struct Shared {
     fallbacks: AtomicU64,
 }
 
-/// Equal without an early exit (a token compared byte by byte would tell
-/// how much of it a guess got right).
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl Core {
     /// Every call: the token, then the protocol version.
     fn admit(&self, req: &Request<()>) -> std::result::Result<(), Status> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        if let Some(token) = &self.token {
-            let given =
-                req.metadata().get(TOKEN_KEY).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-            if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+        if let (Some(token), Some(keys)) = (&self.token, &self.keys) {
+            let given = req.metadata().get(TOKEN_KEY).and_then(|v| v.to_str().ok());
+            // A session from a challenge (what this crate's client sends),
+            // or the token itself (hand tools such as grpcurl).
+            let ok = match given {
+                Some(v) if v.starts_with(auth::SCHEME) => keys.admits(&v[auth::SCHEME.len()..]),
+                Some(v) => v.strip_prefix("Bearer ").is_some_and(|g| same(g.as_bytes(), token.as_bytes())),
+                None => false,
+            };
+            if !ok {
                 self.refused_token.fetch_add(1, Ordering::Relaxed);
-                return Err(Status::unauthenticated(if given.is_some() {
-                    "wrong token"
-                } else {
-                    "this agent needs a token (authorization: Bearer <token>)"
+                return Err(Status::unauthenticated(match given {
+                    Some(v) if v.starts_with(auth::SCHEME) => {
+                        "unknown session (the agent restarted, or the session is not one it opened)"
+                    }
+                    Some(_) => "wrong token",
+                    None => "this agent needs a token (an AgentAuth challenge, or authorization: Bearer <token>)",
                 }));
             }
         }
-        match req.metadata().get(PROTOCOL_VERSION_KEY).map(|v| v.to_str().map(str::parse::<u32>)) {
+        self.speaks(req.metadata())
+    }
+
+    /// The protocol version a call asks for is ours.
+    fn speaks(&self, md: &tonic::metadata::MetadataMap) -> std::result::Result<(), Status> {
+        match md.get(PROTOCOL_VERSION_KEY).map(|v| v.to_str().map(str::parse::<u32>)) {
             Some(Ok(Ok(PROTOCOL_VERSION))) => Ok(()),
             Some(Ok(Ok(v))) => Err(self.version_refused(&v.to_string())),
             Some(_) => Err(self.version_refused("(unreadable)")),
@@ -1150,6 +1171,30 @@ impl Shared {
 
 fn unix_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+/// `AgentAuth`: answers challenges, outside the token check.
+struct Auth {
+    core: Arc<Core>,
+}
+
+#[tonic::async_trait]
+impl AgentAuthService for Auth {
+    async fn challenge(
+        &self,
+        req: Request<pb::ChallengeRequest>,
+    ) -> std::result::Result<Response<pb::ChallengeReply>, Status> {
+        self.core.speaks(req.metadata())?;
+        let Some(keys) = &self.core.keys else {
+            return Ok(Response::new(pb::ChallengeReply::default()));
+        };
+        let (agent_nonce, proof) = keys.answer(&req.get_ref().client_nonce).map_err(Status::invalid_argument)?;
+        Ok(Response::new(pb::ChallengeReply {
+            has_token: true,
+            agent_nonce: agent_nonce.to_vec(),
+            proof: proof.to_vec(),
+        }))
+    }
 }
 
 struct Service {

@@ -15,7 +15,7 @@
 //!
 //! [fleet]
 //! lease = "1500ms"                # default: 3 intervals, at least 100ms
-//! token_file = "/etc/kvsds/token" # or token = "..."; sent to every agent
+//! token_file = "/etc/kvsds/token" # or token = "..."; every agent must prove it knows it
 //! [[fleet.stage]]
 //! name = "t1"                     # the policy's instance name
 //! endpoint = "unix:/run/kvsds/t1.sock"
@@ -84,7 +84,7 @@ pub struct FleetSection {
     /// least 100 ms).
     #[serde(default, with = "kv_stage::units::opt_duration_str")]
     pub lease: Option<Duration>,
-    /// The token sent to every agent.
+    /// The agents' token (never sent: each agent proves it knows it).
     #[serde(default)]
     pub token: Option<String>,
     /// A file whose first line is the token.

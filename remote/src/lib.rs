@@ -44,6 +44,7 @@
 //! ```
 
 mod agent;
+mod auth;
 mod convert;
 mod error;
 mod fleet;

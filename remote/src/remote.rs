@@ -19,13 +19,18 @@ use crate::agent::Endpoint;
 use crate::convert;
 use crate::error::{Error, Result};
 use crate::pb;
+use crate::pb::agent_auth_client::AgentAuthClient;
 use crate::pb::stage_agent_client::StageAgentClient;
 use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, TOKEN_KEY};
 
 /// How a controller talks to agents.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// Sent as `authorization: Bearer <token>`.
+    /// The agent's token. Never sent: on connecting, the client checks
+    /// that the agent knows it (a challenge with HMAC-SHA256 both ways)
+    /// and refuses an endpoint that does not, before any other call; the
+    /// calls then carry a session credential good at that agent process
+    /// only.
     pub token: Option<String>,
     /// Deadline of one call (default 2 s).
     pub timeout: Duration,
@@ -115,8 +120,8 @@ impl Connector {
     /// (use [`connect_all`](Self::connect_all) or
     /// [`connect_stage`](Self::connect_stage)).
     pub fn connect(&self, endpoint: &Endpoint) -> Result<RemoteStage> {
-        let client = self.channel(endpoint)?;
-        let stage = self.handshake(endpoint, client, None, None)?;
+        let link = self.channel(endpoint)?;
+        let stage = self.handshake(endpoint, link, None, None)?;
         if stage.hello.stages.len() > 1 {
             return Err(Error::Remote {
                 endpoint: endpoint.to_string(),
@@ -132,8 +137,8 @@ impl Connector {
 
     /// Connects to one of the stages an agent serves, by name.
     pub fn connect_stage(&self, endpoint: &Endpoint, name: &str) -> Result<RemoteStage> {
-        let client = self.channel(endpoint)?;
-        self.handshake(endpoint, client, Some(name), None)
+        let link = self.channel(endpoint)?;
+        self.handshake(endpoint, link, Some(name), None)
     }
 
     /// Connects to every stage an agent serves, over one connection. The
@@ -141,8 +146,8 @@ impl Connector {
     /// first of them to start asks for all (`CollectAll`), so a host with
     /// hundreds of stages costs one call per cycle, not hundreds.
     pub fn connect_all(&self, endpoint: &Endpoint) -> Result<Vec<RemoteStage>> {
-        let client = self.channel(endpoint)?;
-        let first = self.handshake(endpoint, client.clone(), None, None)?;
+        let link = self.channel(endpoint)?;
+        let first = self.handshake(endpoint, link.clone(), None, None)?;
         let batch = Arc::new(Batch { state: Mutex::new(BatchState::default()) });
         let names = first.hello.stages.clone();
         if names.len() <= 1 {
@@ -150,11 +155,11 @@ impl Connector {
             only.batch = Some(Arc::clone(&batch));
             return Ok(vec![only]);
         }
-        names.iter().map(|n| self.handshake(endpoint, client.clone(), Some(n), Some(Arc::clone(&batch)))).collect()
+        names.iter().map(|n| self.handshake(endpoint, link.clone(), Some(n), Some(Arc::clone(&batch)))).collect()
     }
 
     /// An HTTP/2 connection to an agent.
-    fn channel(&self, endpoint: &Endpoint) -> Result<StageAgentClient<Channel>> {
+    fn channel(&self, endpoint: &Endpoint) -> Result<Link> {
         let inner = &self.inner;
         let remote = |message: String| Error::Remote { endpoint: endpoint.to_string(), message };
         let ep = endpoint.clone();
@@ -199,21 +204,28 @@ impl Connector {
                         }
                     }
                 };
-                tokio::time::timeout(opts.connect_timeout, connect)
+                let channel = tokio::time::timeout(opts.connect_timeout, connect)
                     .await
-                    .unwrap_or_else(|_| Err(format!("connecting timed out after {:?}", opts.connect_timeout)))
+                    .unwrap_or_else(|_| Err(format!("connecting timed out after {:?}", opts.connect_timeout)))?;
+                let credential = match &opts.token {
+                    Some(token) => challenge(&channel, &opts, token, matches!(ep, Endpoint::Unix(_))).await?,
+                    None => None,
+                };
+                Ok::<_, String>((channel, credential))
             })
             .map_err(remote)?
             .map_err(remote)?;
-        Ok(StageAgentClient::new(channel)
+        let (channel, credential) = channel;
+        let client = StageAgentClient::new(channel)
             .max_decoding_message_size(inner.options.max_message)
-            .max_encoding_message_size(inner.options.max_message))
+            .max_encoding_message_size(inner.options.max_message);
+        Ok(Link { client, credential })
     }
 
     fn handshake(
         &self,
         endpoint: &Endpoint,
-        client: StageAgentClient<Channel>,
+        link: Link,
         name: Option<&str>,
         batch: Option<Arc<Batch>>,
     ) -> Result<RemoteStage> {
@@ -224,7 +236,8 @@ impl Connector {
         };
         let stage = RemoteStage {
             inner: Arc::clone(&self.inner),
-            client,
+            client: link.client,
+            credential: link.credential,
             endpoint: endpoint.clone(),
             hello: pb::HandshakeReply::default(),
             stage_key,
@@ -249,6 +262,47 @@ impl Connector {
             .map_err(remote)?;
         Ok(RemoteStage { hello, ..stage })
     }
+}
+
+/// A connection to an agent and what its calls carry to be admitted.
+#[derive(Clone)]
+struct Link {
+    client: StageAgentClient<Channel>,
+    /// `authorization: Session ..`, from the challenge.
+    credential: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+/// Checks that the agent knows `token` (without sending it), and returns
+/// what the calls that follow carry instead of it (see the `auth` module):
+/// nothing for an agent on a Unix socket that has no token (its peer uid,
+/// checked on connecting, is its proof).
+async fn challenge(
+    channel: &Channel,
+    opts: &ClientOptions,
+    token: &str,
+    unix: bool,
+) -> std::result::Result<Option<tonic::metadata::AsciiMetadataValue>, String> {
+    let c = crate::auth::Challenge::new()?;
+    let mut req = Request::new(pb::ChallengeRequest { client_nonce: c.nonce().to_vec() });
+    req.set_timeout(opts.timeout);
+    if let Ok(v) = opts.protocol_version.to_string().parse() {
+        req.metadata_mut().insert(PROTOCOL_VERSION_KEY, v);
+    }
+    let reply = AgentAuthClient::new(channel.clone()).challenge(req).await.map_err(|s| match s.code() {
+        tonic::Code::Unimplemented => "the agent does not answer token challenges (it is older than this client, or not a kvsds agent): not sending it anything".to_owned(),
+        _ => format!("token challenge: {}", status_message(&s)),
+    })?;
+    let reply = reply.into_inner();
+    if !reply.has_token {
+        if unix {
+            return Ok(None);
+        }
+        return Err("the agent says it has no token, so it cannot prove who it is (a TCP agent always has one): not sending it anything".into());
+    }
+    let session = c
+        .session(token, &reply.agent_nonce, &reply.proof)
+        .ok_or("the agent does not know this client's token (another agent, or another program, on this endpoint): not sending it anything")?;
+    session.parse().map(Some).map_err(|_| "session credential: not ASCII".to_owned())
 }
 
 /// The counters of all the stages of one agent, read in one call per
@@ -299,6 +353,7 @@ type Pending<T> = JoinHandle<std::result::Result<T, Status>>;
 pub struct RemoteStage {
     inner: Arc<Inner>,
     client: StageAgentClient<Channel>,
+    credential: Option<tonic::metadata::AsciiMetadataValue>,
     endpoint: Endpoint,
     hello: pb::HandshakeReply,
     /// The stage's name, sent with each call when its agent serves several.
@@ -365,7 +420,7 @@ impl RemoteStage {
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
-        request(&self.inner.options, self.stage_key.as_ref(), msg)
+        request(&self.inner.options, self.credential.as_ref(), self.stage_key.as_ref(), msg)
     }
 
     fn note<T, E>(&self, r: std::result::Result<T, E>) -> std::result::Result<T, E> {
@@ -544,7 +599,12 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn request<T>(o: &ClientOptions, stage: Option<&tonic::metadata::AsciiMetadataValue>, msg: T) -> Request<T> {
+fn request<T>(
+    o: &ClientOptions,
+    credential: Option<&tonic::metadata::AsciiMetadataValue>,
+    stage: Option<&tonic::metadata::AsciiMetadataValue>,
+    msg: T,
+) -> Request<T> {
     let mut r = Request::new(msg);
     if let Some(s) = stage {
         r.metadata_mut().insert(crate::STAGE_KEY, s.clone());
@@ -554,10 +614,8 @@ fn request<T>(o: &ClientOptions, stage: Option<&tonic::metadata::AsciiMetadataVa
     if let Ok(v) = o.protocol_version.to_string().parse() {
         md.insert(PROTOCOL_VERSION_KEY, v);
     }
-    if let Some(t) = &o.token
-        && let Ok(v) = format!("Bearer {t}").parse()
-    {
-        md.insert(TOKEN_KEY, v);
+    if let Some(c) = credential {
+        md.insert(TOKEN_KEY, c.clone());
     }
     r
 }
@@ -617,6 +675,7 @@ impl StageHandle for RemoteStage {
                 let mut client = self.client.clone();
                 let req = request(
                     &self.inner.options,
+                    self.credential.as_ref(),
                     None,
                     pb::CollectRequest { lease_ms: millis(self.inner.options.lease), with_settings: false },
                 );
@@ -660,6 +719,7 @@ impl StageHandle for RemoteStage {
         Some(Arc::new(RemoteObject {
             inner: Arc::clone(&self.inner),
             client: self.client.clone(),
+            credential: self.credential.clone(),
             target: ObjectRef::new(channel, object),
             label: format!("{channel}/{object}"),
             shadow: o.spec.as_ref().and_then(|s| s.build().ok()),
@@ -681,6 +741,7 @@ type SentChanges = Arc<Mutex<HashMap<ObjectRef, pb::configure_request::Change>>>
 struct RemoteObject {
     inner: Arc<Inner>,
     client: StageAgentClient<Channel>,
+    credential: Option<tonic::metadata::AsciiMetadataValue>,
     target: ObjectRef,
     label: String,
     /// A local object of the same kind and spec: checks a change as the
@@ -710,7 +771,7 @@ impl RemoteObject {
             lease_ms: millis(self.inner.options.lease),
         };
         let mut client = self.client.clone();
-        let req = request(&self.inner.options, self.stage_key.as_ref(), req);
+        let req = request(&self.inner.options, self.credential.as_ref(), self.stage_key.as_ref(), req);
         Some(self.inner.rt().spawn(async move { client.configure(req).await.map(tonic::Response::into_inner) }))
     }
 

@@ -99,12 +99,14 @@ fn tokens_are_checked_and_refusals_counted() {
     with_tenant(&s, || {
         wrong = connector(|o| o.token = Some("guess".into())).connect(agent.endpoint()).unwrap_err().to_string();
     });
-    assert!(wrong.contains("Unauthenticated") && wrong.contains("wrong token"), "{wrong}");
+    // The client refuses an agent that does not know its token: no call.
+    assert!(wrong.contains("does not know this client's token"), "{wrong}");
+    assert_eq!(agent.stats().calls, 0);
     let none = connector(|o| o.token = None).connect(agent.endpoint()).unwrap_err().to_string();
     assert!(none.contains("Unauthenticated") && none.contains("needs a token"), "{none}");
-    assert_eq!(agent.stats().refused_token, 2);
+    assert_eq!(agent.stats().refused_token, 1);
     still_serves(&agent, Some("s3cret-token"));
-    assert_eq!(agent.stats().refused_token, 2);
+    assert_eq!(agent.stats().refused_token, 1);
 }
 
 #[test]

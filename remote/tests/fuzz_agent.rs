@@ -1,5 +1,5 @@
 //! The agent's requests, fuzzed: random bytes as the body of every method
-//! (decoded by the agent), and well-formed messages with random fields
+//! (decoded by the agent; the token challenge included), and well-formed messages with random fields
 //! (rules text mutated from the shipped rules file, any format number,
 //! any rate, settings JSON, leases). No input may panic the agent, stop it
 //! serving, or leave a limit beyond its bounds: after every call each DRL
@@ -29,8 +29,11 @@ fn rig() -> &'static Rig {
         let stage = support::stage("fuzz");
         let path = dir.path().join("fuzz.sock");
         let endpoint = format!("unix:{}", path.display()).parse().unwrap();
-        let agent = StageAgent::serve(Arc::clone(&stage), &endpoint).unwrap();
-        let remote = Connector::new(ClientOptions::default()).unwrap().connect(agent.endpoint()).unwrap();
+        // With a token, so the challenge (which takes no token) is fuzzed
+        // with the agent's keys at work.
+        let agent = StageAgent::builder(Arc::clone(&stage)).token(TOKEN).serve(&endpoint).unwrap();
+        let options = ClientOptions { token: Some(TOKEN.into()), ..ClientOptions::default() };
+        let remote = Connector::new(options).unwrap().connect(agent.endpoint()).unwrap();
         Rig { _dir: dir, stage, _agent: agent, remote, path }
     })
 }
@@ -55,12 +58,22 @@ fn raw(path: &std::path::Path, method: &str, body: &[u8]) -> Option<String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
         let stream = tokio::net::UnixStream::connect(path).await.unwrap();
-        let path = format!("/kvsds.control.v1.StageAgent/{method}");
-        support::grpc_raw(stream, &path, support::frame(body), None).await.0
+        let path = format!("/kvsds.control.v1.{method}");
+        support::grpc_raw(stream, &path, support::frame(body), Some(TOKEN)).await.0
     })
 }
 
-const METHODS: [&str; 6] = ["Handshake", "Collect", "CollectAll", "GetStageInfo", "ApplyRules", "Configure"];
+const TOKEN: &str = "fuzz-token";
+
+const METHODS: [&str; 7] = [
+    "StageAgent/Handshake",
+    "StageAgent/Collect",
+    "StageAgent/CollectAll",
+    "StageAgent/GetStageInfo",
+    "StageAgent/ApplyRules",
+    "StageAgent/Configure",
+    "AgentAuth/Challenge",
+];
 
 const RULES: &str = include_str!("../../kv-stage/examples/rules/rocksdb.toml");
 

@@ -1,5 +1,6 @@
 //! What an agent refuses and undoes: TCP without a token, Unix peers of
-//! other uids, changes without a lease or beyond its bounds, batches that
+//! other uids, and (the client's side) agents that cannot prove they know
+//! the token, changes without a lease or beyond its bounds, batches that
 //! would take the application's context ids, structural changes that
 //! outlive their lease, idle and surplus connections, leases shortened or
 //! whose fallback fails. Real agents on real sockets, in this process.
@@ -48,6 +49,63 @@ fn tcp_needs_a_token_and_a_unix_socket_checks_its_peer() {
     let err = connector(Duration::from_secs(1)).connect(strict.endpoint()).unwrap_err().to_string();
     assert!(strict.stats().refused_connections >= 1, "{err}");
     assert_eq!(strict.stats().calls, 0, "no call reached the service: {err}");
+}
+
+#[test]
+fn the_client_sends_nothing_to_an_agent_that_cannot_prove_it_knows_the_token() {
+    let s = stage("proof");
+    let loopback: Endpoint = "127.0.0.1:0".parse().unwrap();
+    let with = |token: &str| {
+        Connector::new(ClientOptions { token: Some(token.into()), lease: Duration::from_secs(1), ..Default::default() })
+            .unwrap()
+    };
+    // Something else on the port, knowing another token: refused before
+    // any call, so neither the token nor a call reaches it (the client
+    // used to send `Bearer <token>` with its first call: one refused call).
+    let impostor = StageAgent::builder(Arc::clone(&s)).token("impostor-token").serve(&loopback).unwrap();
+    let e = with("the-token").connect(impostor.endpoint()).unwrap_err().to_string();
+    assert!(e.contains("does not know this client's token") && e.contains("not sending it anything"), "{e}");
+    assert_eq!((impostor.stats().calls, impostor.stats().refused_token), (0, 0), "{e}");
+    // A Unix agent without a token: its uid, checked on connecting, is its
+    // proof; the calls carry no credential.
+    let dir = tempfile::tempdir().unwrap();
+    let open = StageAgent::serve(Arc::clone(&s), &socket(&dir, "open.sock")).unwrap();
+    let plain = with("the-token").connect(open.endpoint()).unwrap();
+    assert!(plain.raw_request(()).metadata().get("authorization").is_none());
+
+    // The agent that knows it: every call carries a session, not the token.
+    let a = StageAgent::builder(Arc::clone(&s)).token("the-token").serve(&loopback).unwrap();
+    let remote = with("the-token").connect(a.endpoint()).unwrap();
+    remote.collect_now().unwrap();
+    let md = remote.raw_request(()).metadata().clone();
+    let session = md.get("authorization").unwrap().to_str().unwrap().to_owned();
+    assert!(session.starts_with("Session ") && !session.contains("the-token"), "{session}");
+    // Seen on the wire, it opens that agent process and no other one with
+    // the same token.
+    let b = StageAgent::builder(Arc::clone(&s)).token("the-token").serve(&loopback).unwrap();
+    let call = |agent: &StageAgent, credential: &str| {
+        let Endpoint::Tcp(addr) = agent.endpoint().clone() else { unreachable!() };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            support::grpc_raw(
+                stream,
+                "/kvsds.control.v1.StageAgent/GetStageInfo",
+                support::frame(&[]),
+                Some(credential),
+            )
+            .await
+        })
+    };
+    assert_eq!(call(&a, &session).0.as_deref(), Some("0"));
+    let (status, message) = call(&b, &session);
+    assert_eq!(status.as_deref(), Some("16"), "{message:?}");
+    // grpc-message is percent-encoded.
+    let message = message.unwrap_or_default().replace("%20", " ");
+    assert!(message.contains("unknown session"), "{message}");
+    // A bearer token still works for hand tools.
+    assert_eq!(call(&b, "the-token").0.as_deref(), Some("0"));
+    assert_eq!(call(&b, "wrong").0.as_deref(), Some("16"));
 }
 
 #[test]

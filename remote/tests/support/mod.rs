@@ -47,7 +47,8 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
 }
 
 /// Posts `body` (already framed, or not: the caller's choice) to `path`
-/// over HTTP/2 on `stream`, with protocol version 1 and `token` if given;
+/// over HTTP/2 on `stream`, with protocol version 1 and `token` if given
+/// (a bearer token, or a whole `Session ..` credential);
 /// returns the `grpc-status` and `grpc-message`, from the headers or the
 /// trailers.
 pub async fn grpc_raw<S>(stream: S, path: &str, body: Vec<u8>, token: Option<&str>) -> (Option<String>, Option<String>)
@@ -69,7 +70,9 @@ where
         .header("te", "trailers")
         .header("kvsds-protocol", "1");
     if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
+        // A session credential goes as it is, a token as a bearer.
+        let v = if t.starts_with("Session ") { t.to_owned() } else { format!("Bearer {t}") };
+        req = req.header("authorization", v);
     }
     let req = req.body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap();
     let Ok(resp) = send.send_request(req).await else { return (None, None) };
