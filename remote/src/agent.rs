@@ -647,7 +647,7 @@ impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
 /// use kv_stage::Stage;
 ///
 /// let stage = Arc::new(Stage::new("tenant-a"));
-/// let agent = StageAgent::serve(Arc::clone(&stage), &"unix:/tmp/tenant-a.sock".parse()?)?;
+/// let agent = StageAgent::serve(Arc::clone(&stage), &"unix:/run/kvsds/tenant-a.sock".parse()?)?;
 /// // ... the service runs; a controller connects to the socket ...
 /// drop(agent);
 /// # Ok::<(), kv_remote::Error>(())
