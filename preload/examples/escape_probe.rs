@@ -1,8 +1,10 @@
 //! Ways a program could slip out of its limits, tried one by one under the
 //! preload library by the tests: descriptors closed behind the library's
-//! back and reused, a `vfork` child closing its copy, reads that find less
-//! than they ask, copies done inside the kernel, and a volume directory
-//! made after the program started.
+//! back and reused (`closefrom`, a raw syscall, `closedir` of an
+//! `fdopendir` stream, `freopen`, `fcloseall`), a `vfork` child closing its
+//! copy, reads that find less than they ask, copies done inside the
+//! kernel, POSIX AIO, and a volume directory made after the program
+//! started.
 //!
 //! ```text
 //! KVSDS_RULES=rules.toml LD_PRELOAD=target/release/libkvsds_preload.so \
@@ -33,6 +35,8 @@ const MIB: usize = 1 << 20;
 unsafe extern "C" {
     /// glibc 2.34 and later.
     fn closefrom(lowfd: c_int);
+    /// A GNU extension the libc crate does not declare.
+    fn fcloseall() -> c_int;
 }
 
 fn open(path: &Path) -> RawFd {
@@ -191,6 +195,81 @@ fn main() {
         for fd in [src, dst, pipe[0], pipe[1], f1, f2, fd] {
             libc::close(fd);
         }
+
+        // closedir of an fdopendir stream closes the directory's
+        // descriptor; the number comes back as a memfd.
+        let sub = dir.join("slow/sub");
+        std::fs::create_dir_all(&sub).unwrap();
+        let path = std::ffi::CString::new(sub.as_os_str().as_encoded_bytes()).unwrap();
+        let dfd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
+        assert!(dfd >= 0, "open {}: {}", sub.display(), std::io::Error::last_os_error());
+        let stream = libc::fdopendir(dfd);
+        assert!(!stream.is_null(), "fdopendir: {}", std::io::Error::last_os_error());
+        libc::closedir(stream);
+        let m = memfd();
+        assert_eq!(m, dfd, "the memfd took another number");
+        r.timed("closedir of an fdopendir stream, then memfd_create", false, write_3mib(m));
+        libc::close(m);
+
+        // freopen closes the stream's descriptor and opens another file,
+        // usually under the same number: classified again, both ways.
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        let f = libc::fopen(c(&dir.join("slow/fr")).as_ptr(), c"w".as_ptr());
+        assert!(!f.is_null(), "fopen: {}", std::io::Error::last_os_error());
+        let f = libc::freopen(c(&dir.join("fast/fr")).as_ptr(), c"w".as_ptr(), f);
+        assert!(!f.is_null(), "freopen: {}", std::io::Error::last_os_error());
+        r.timed("freopen from a limited file to an unlimited one", false, write_3mib(libc::fileno(f)));
+        let f = libc::freopen(c(&dir.join("slow/fr2")).as_ptr(), c"w".as_ptr(), f);
+        assert!(!f.is_null(), "freopen: {}", std::io::Error::last_os_error());
+        r.timed("freopen from an unlimited file to a limited one", true, write_3mib(libc::fileno(f)));
+        libc::fclose(f);
+
+        // fcloseall: glibc's flushes every stream; if it closed their
+        // descriptors, the numbers that come back are checked as above.
+        let f = libc::fopen(c(&dir.join("slow/fc")).as_ptr(), c"w".as_ptr());
+        assert!(!f.is_null());
+        let fd = libc::fileno(f);
+        fcloseall();
+        if libc::fcntl(fd, libc::F_GETFD) == -1 {
+            let m = memfd();
+            r.timed("fcloseall, then memfd_create on the number", false, write_3mib(m));
+            libc::close(m);
+        } else {
+            // Still open (glibc leaves the descriptor to the caller): the
+            // limit stays on it, as it should.
+            r.timed("fcloseall left the descriptor open; still limited", true, write_3mib(fd));
+            libc::close(fd);
+        }
+
+        // POSIX AIO: charged as each request is submitted.
+        let fd = open(&dir.join("slow/aio"));
+        let buf = vec![3u8; MIB];
+        let mut cbs: Vec<libc::aiocb> = (0..3)
+            .map(|i| {
+                let mut cb: libc::aiocb = std::mem::zeroed();
+                cb.aio_fildes = fd;
+                cb.aio_buf = buf.as_ptr() as *mut libc::c_void;
+                cb.aio_nbytes = MIB;
+                cb.aio_offset = (i * MIB) as libc::off_t;
+                cb.aio_lio_opcode = libc::LIO_WRITE;
+                cb
+            })
+            .collect();
+        let t = Instant::now();
+        for cb in &mut cbs[..2] {
+            assert_eq!(libc::aio_write(cb), 0, "aio_write: {}", std::io::Error::last_os_error());
+        }
+        // The third through lio_listio, waiting for it.
+        let mut list = [&mut cbs[2] as *mut libc::aiocb];
+        assert_eq!(libc::lio_listio(libc::LIO_WAIT, list.as_mut_ptr(), 1, std::ptr::null_mut()), 0);
+        for cb in &cbs {
+            while libc::aio_error(cb) == libc::EINPROGRESS {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(libc::aio_return(cb as *const _ as *mut _), MIB as isize);
+        }
+        r.timed("3 MiB by aio_write and lio_listio", true, t.elapsed());
+        libc::close(fd);
     }
 
     // A volume directory made after the program started (named through a

@@ -255,6 +255,31 @@ freopen_hooks! {
     freopen64 = freopen64;
 }
 
+/// `fopen`: glibc opens the file inside libc, where the `open` hook does
+/// not see it; the stream's descriptor is classified here, so calls on
+/// `fileno(stream)` are enforced as after `freopen` (the stream's own
+/// `fread`/`fwrite` are not: see the crate doc).
+macro_rules! fopen_hooks {
+    ($($name:ident = $real:ident;)+) => {$(
+        #[doc = concat!("Hook for `", stringify!($name), "`.")]
+        #[unsafe(no_mangle)]
+        unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char) -> *mut FILE {
+            // SAFETY: the caller's arguments, passed on unchanged to libc's own function.
+            let r = unsafe { real::$real()(path, mode) };
+            if !r.is_null() {
+                // SAFETY: the stream libc returned is valid.
+                opened(unsafe { libc::fileno(r) });
+            }
+            r
+        }
+    )+};
+}
+
+fopen_hooks! {
+    fopen = fopen;
+    fopen64 = fopen64;
+}
+
 /// Copies done inside the kernel cannot be charged by the piece: on a
 /// limited descriptor (either end) they are refused with the error that
 /// makes callers fall back to `read` and `write`, which are charged.

@@ -21,6 +21,9 @@
 //! * `copy_file_range` (`ENOSYS`), `sendfile` and `splice` (`EINVAL`) on a
 //!   limited descriptor are refused with the error that makes callers
 //!   (coreutils `cp`, Python's `shutil`) fall back to read and write;
+//! * a stream's descriptor is classified when `fopen` or `freopen` opens
+//!   it (calls on `fileno(stream)` are enforced; the stream's own
+//!   `fread`/`fwrite` are not, see below);
 //! * dup, dup2, dup3 and `fcntl(F_DUPFD, F_DUPFD_CLOEXEC)` copy the class;
 //!   close, close_range, closefrom, fclose, closedir and freopen clear it.
 //!   A limited descriptor is also checked against the device and inode it

@@ -70,6 +70,7 @@ type FcloseFn = unsafe extern "C" fn(*mut FILE) -> c_int;
 type ClosefromFn = unsafe extern "C" fn(c_int);
 type ClosedirFn = unsafe extern "C" fn(*mut libc::DIR) -> c_int;
 type FreopenFn = unsafe extern "C" fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE;
+type FopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut FILE;
 type CopyRangeFn = unsafe extern "C" fn(c_int, *mut off64_t, c_int, *mut off64_t, size_t, c_uint) -> ssize_t;
 type SendfileFn = unsafe extern "C" fn(c_int, c_int, *mut off_t, size_t) -> ssize_t;
 type Sendfile64Fn = unsafe extern "C" fn(c_int, c_int, *mut off64_t, size_t) -> ssize_t;
@@ -121,6 +122,8 @@ next! {
     closedir = "closedir": ClosedirFn;
     freopen = "freopen": FreopenFn;
     freopen64 = "freopen64": FreopenFn;
+    fopen = "fopen": FopenFn;
+    fopen64 = "fopen64": FopenFn;
     copy_file_range = "copy_file_range": CopyRangeFn;
     sendfile = "sendfile": SendfileFn;
     sendfile64 = "sendfile64": Sendfile64Fn;

@@ -270,7 +270,7 @@ fn cp_and_dd_stay_within_the_limits_and_short_reads_cost_what_they_read() {
 }
 
 #[test]
-fn no_escape_through_closefrom_raw_close_vfork_short_reads_kernel_copies_or_a_later_directory() {
+fn no_escape_through_closed_descriptors_vfork_short_reads_kernel_copies_aio_or_a_later_directory() {
     let _one = support::serial();
     let dir = scratch();
     let d = dir.path();
