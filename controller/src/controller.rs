@@ -261,8 +261,9 @@ fn policy_for(config: &ControllerConfig) -> Box<dyn Policy> {
 }
 
 /// Cycles kept in memory unless [`ControllerBuilder::max_log_records`] says
-/// otherwise: about 17 minutes at SILK's 10 ms interval, tens of MB.
-const DEFAULT_MAX_LOG: usize = 100_000;
+/// otherwise: the last 10 s at SILK's 10 ms interval, a few MB at most (a
+/// record of a busy cycle is a few KB). History goes to the log file.
+pub const DEFAULT_MAX_LOG: usize = 1_000;
 
 /// How often the decision-log file is flushed (and at stop).
 const LOG_FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -319,8 +320,8 @@ impl ControllerBuilder {
     }
 
     /// Keeps at most this many cycles in memory, dropping the oldest
-    /// (default 100 000; 0 keeps none). The log file, when configured,
-    /// has every cycle.
+    /// (default [`DEFAULT_MAX_LOG`], 1,000; 0 keeps none). The log file,
+    /// when configured, has every cycle.
     pub fn max_log_records(mut self, n: usize) -> Self {
         self.max_log = n;
         self

@@ -70,8 +70,8 @@ pub use config::{
     AdaptiveConfig, ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig,
 };
 pub use controller::{
-    AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DecisionRecord, HandleError, InstanceInputs,
-    ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
+    AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DEFAULT_MAX_LOG, DecisionRecord, HandleError,
+    InstanceInputs, ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{

@@ -107,6 +107,24 @@ fn the_memory_log_is_bounded_and_the_file_has_every_cycle() {
     assert!(std::fs::read_to_string(&file).unwrap().lines().count() >= 5);
 }
 
+#[test]
+fn by_default_the_memory_log_keeps_the_last_thousand_cycles() {
+    let stage = stage_with_drl("default_bound");
+    let mut cfg = ControllerConfig::silk(SilkConfig::default());
+    cfg.interval = Some(Duration::from_micros(200));
+    let ctl = Controller::builder(cfg).instance("s", stage).start().unwrap();
+    let t = std::time::Instant::now();
+    while ctl.cycles() < 1_200 {
+        assert!(t.elapsed() < Duration::from_secs(60), "{} cycles in 60 s", ctl.cycles());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = ctl.stop();
+    assert_eq!(log.len(), controller::DEFAULT_MAX_LOG);
+    assert_eq!(log.len(), 1_000);
+    assert!(log.windows(2).all(|w| w[1].cycle == w[0].cycle + 1), "the newest, in order");
+    assert!(log[0].cycle >= 200);
+}
+
 /// A stage whose next collect fails when asked (a remote stage with a
 /// network hiccup).
 struct Hiccup {
