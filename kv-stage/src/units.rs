@@ -125,8 +125,12 @@ pub enum RateUnit {
 /// A rate: bytes/s or ops/s, finite and non-negative, or unlimited.
 ///
 /// Text forms: `"64MiB/s"`, `"12MB/s"`, `"1000ops/s"`, `"1000iops"`,
-/// `"unlimited"` (or `"max"`, as in `io.max`). A bare number or quantity (`4096`, `"8Mi"`) means bytes per
-/// second. `0` is a valid rate and
+/// `"unlimited"` (or `"max"`, as in `io.max`). A bare number (`4096`)
+/// means bytes per second. Units are spelled exactly: a size without `/s`
+/// (`"64MiB"`) and a lowercase `b` (`"64mb/s"`, bits elsewhere) are
+/// refused with the accepted forms. (Where a key already says "per
+/// second", as a QoS object's `rbps`, a size is read as that much per
+/// second.) `0` is a valid rate and
 /// means *closed*: requests wait until the rate changes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rate {
@@ -193,21 +197,75 @@ impl FromStr for Rate {
         }
         let (num, suffix) = split_number(t);
         let v = parse_number(num, s)?;
-        let lower = suffix.to_ascii_lowercase().replace(' ', "");
-        if matches!(lower.as_str(), "ops/s" | "op/s" | "iops" | "ops") {
+        let unit = suffix.replace(' ', "");
+        if matches!(unit.to_ascii_lowercase().as_str(), "ops/s" | "op/s" | "iops" | "ops") {
             return Rate::ops_per_sec(v);
         }
-        let size = lower
-            .strip_suffix("/s")
-            .or_else(|| lower.strip_suffix("ps"))
-            // A bare quantity such as "8Mi" (the LINSTOR style) is per second.
-            .unwrap_or(&lower);
-        match byte_multiplier(size) {
-            Some(m) => Rate::bytes_per_sec(v * m),
-            None => {
-                err(format!("'{s}' is not a rate (examples: \"64MiB/s\", \"12MB/s\", \"1000ops/s\", \"unlimited\")"))
-            }
+        // A bare number is bytes per second.
+        if unit.is_empty() {
+            return Rate::bytes_per_sec(v);
         }
+        let size = match (unit.strip_suffix("/s"), unit.strip_suffix("Bps")) {
+            (Some(size), _) => size.to_owned(),
+            (None, Some(prefix)) => format!("{prefix}B"),
+            (None, None) if rate_multiplier(&unit).is_ok() => {
+                return err(format!("'{s}' is a size, not a rate: write '{num}{unit}/s' ({RATE_FORMS})"));
+            }
+            (None, None) => return err(format!("'{s}' is not a rate ({RATE_FORMS})")),
+        };
+        match rate_multiplier(&size) {
+            Ok(m) => Rate::bytes_per_sec(v * m),
+            Err(why) => err(format!("'{s}': {why} ({RATE_FORMS})")),
+        }
+    }
+}
+
+/// The forms a rate is written in, for error messages.
+const RATE_FORMS: &str = "accepted: \"64MiB/s\" (2^20 B/s), \"12MB/s\" (10^6 B/s), \"512KiB/s\", \"4096\" (bytes/s), \"1000ops/s\", \"unlimited\"";
+
+/// The multiplier of a rate's size unit, spelled exactly: an optional
+/// prefix (`k` or `K` = 10^3, `M`, `G`, `T`; `Ki`, `Mi`, `Gi`, `Ti`) and an
+/// optional `B`. Stricter than sizes: a lowercase `b` reads as bits and a
+/// lowercase `m` as milli elsewhere, so both are refused, not guessed.
+fn rate_multiplier(unit: &str) -> Result<f64, String> {
+    if unit.ends_with('b') {
+        return Err(format!("unit '{unit}': a lowercase b means bits; write B for bytes (MB = 10^6 B, MiB = 2^20 B)"));
+    }
+    let prefix = unit.strip_suffix('B').unwrap_or(unit);
+    Ok(match prefix {
+        "" => 1.0,
+        "k" | "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("unknown unit '{unit}' (prefixes k, K, M, G, T, Ki, Mi, Gi, Ti, then B)")),
+    })
+}
+
+/// A per-second limit where the key already says "per second" (a QoS
+/// object's `rbps = "8Mi"`, as in `io.max`): a rate, or a size read as
+/// that much per second.
+pub(crate) fn per_second(s: &str) -> Result<Rate, UnitError> {
+    s.parse::<Rate>().or_else(|e| parse_bytes(s).map_or(Err(e), Rate::bytes_per_sec))
+}
+
+/// Deserializes an optional [`per_second`] limit (a string, or a number of
+/// bytes or operations per second).
+pub(crate) fn opt_per_second<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Rate>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Number(f64),
+    }
+    match Option::<Raw>::deserialize(d)? {
+        None => Ok(None),
+        Some(Raw::Text(t)) => per_second(&t).map(Some).map_err(de::Error::custom),
+        Some(Raw::Number(n)) => Rate::bytes_per_sec(n).map(Some).map_err(de::Error::custom),
     }
 }
 
@@ -513,6 +571,33 @@ mod tests {
         assert!("5 furlongs/s".parse::<Rate>().is_err());
         assert!(Rate::bytes_per_sec(f64::NAN).is_err());
         assert!(Rate::bytes_per_sec(-1.0).is_err());
+    }
+
+    #[test]
+    fn a_rate_is_spelled_exactly() {
+        let per_sec = |t: &str| t.parse::<Rate>().map(Rate::per_sec);
+        assert_eq!(per_sec("12MB/s"), Ok(12e6));
+        assert_eq!(per_sec("12 MB/s"), Ok(12e6));
+        assert_eq!(per_sec("512KiB/s"), Ok(512.0 * 1024.0));
+        assert_eq!(per_sec("4kB/s"), Ok(4000.0));
+        assert_eq!(per_sec("8Mi/s"), Ok(8.0 * 1048576.0));
+        assert_eq!(per_sec("10MBps"), Ok(10e6));
+        assert_eq!(per_sec("100B/s"), Ok(100.0));
+        // A size where a rate is expected.
+        let e = per_sec("64MiB").unwrap_err().0;
+        assert!(e.contains("is a size, not a rate: write '64MiB/s'") && e.contains("accepted:"), "{e}");
+        assert!(per_sec("8Mi").unwrap_err().0.contains("is a size"));
+        // Bits and milli are refused, not read as bytes and mega.
+        let e = per_sec("64mb/s").unwrap_err().0;
+        assert!(e.contains("lowercase b means bits") && e.contains("accepted:"), "{e}");
+        assert!(per_sec("64Mb/s").unwrap_err().0.contains("bits"));
+        assert!(per_sec("64mbps").is_err());
+        assert!(per_sec("64mB/s").unwrap_err().0.contains("unknown unit 'mB'"));
+        assert!(per_sec("64 furlongs").unwrap_err().0.contains("is not a rate"));
+        // Where the key says per second, a size is that much per second.
+        assert_eq!(per_second("8Mi").map(Rate::per_sec), Ok(8.0 * 1048576.0));
+        assert_eq!(per_second("4MiB/s").map(Rate::per_sec), Ok(4.0 * 1048576.0));
+        assert!(per_second("64mb/s").is_err());
     }
 
     #[test]

@@ -57,13 +57,13 @@ pub struct QosSpec {
 struct QosSpecFields {
     #[serde(default, alias = "io_max")]
     limits: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::units::opt_per_second")]
     rbps: Option<Rate>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::units::opt_per_second")]
     wbps: Option<Rate>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::units::opt_per_second")]
     riops: Option<Rate>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::units::opt_per_second")]
     wiops: Option<Rate>,
     #[serde(default, with = "crate::units::opt_duration_str")]
     refill_period: Option<Duration>,
