@@ -40,7 +40,10 @@ fn run(args: &Args) -> Result<serde_json::Value, String> {
     let paio = PaioOptions { channel_classifiers: args.paio_channel_classifiers };
     let mut set = RuleSet::default();
     for f in &args.files {
-        let format = args.format.unwrap_or_else(|| RulesFormat::from_path(f));
+        let format = match args.format {
+            Some(f) => f,
+            None => RulesFormat::from_path(f).map_err(|e| e.to_string())?,
+        };
         set.extend(RuleSet::load_as(f, format, &paio).map_err(|e| e.to_string())?);
     }
     let stage = Stage::new("check_rules");

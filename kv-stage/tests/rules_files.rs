@@ -24,7 +24,7 @@ fn workflow_mode() -> PaioOptions {
 fn load(files: &[PathBuf], opts: &PaioOptions) -> RuleSet {
     let mut set = RuleSet::default();
     for f in files {
-        set.extend(RuleSet::load_as(f, RulesFormat::from_path(f), opts).unwrap_or_else(|e| panic!("{e}")));
+        set.extend(RuleSet::load_as(f, RulesFormat::from_path(f).unwrap(), opts).unwrap_or_else(|e| panic!("{e}")));
     }
     set
 }
@@ -439,4 +439,24 @@ match = { context = "bg_compaction_LN", reason = "kManualCompaction" }
     let e = RuleSet::parse(&bad, RulesFormat::Toml, Some("levels.toml".into()), &PaioOptions::default()).unwrap_err();
     assert!(e.to_string().contains("unknown compaction reason 'by_hand'"), "{e}");
     assert!(e.to_string().starts_with("levels.toml:28"), "the line of the rule: {e}");
+}
+
+#[test]
+fn a_rules_file_format_follows_its_extension_and_an_unknown_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = std::fs::read_to_string(example("rocksdb.toml")).unwrap();
+    // The README's TOML under a YAML name: refused by name, not parsed as
+    // Paio text (which failed with "field 'id': 'rules:' is not a
+    // non-negative integer").
+    let yaml = dir.path().join("rules.yaml");
+    std::fs::write(&yaml, &toml).unwrap();
+    let e = RuleSet::load(&yaml).unwrap_err().to_string();
+    assert!(e.contains("rules.yaml") && e.contains("unknown rules file extension '.yaml'"), "{e}");
+    // Named explicitly, it is read in that format.
+    assert!(RuleSet::load_as(&yaml, RulesFormat::Toml, &PaioOptions::default()).is_ok());
+    assert_eq!(RulesFormat::from_path(Path::new("a/rules.TOML")).unwrap(), RulesFormat::Toml);
+    assert_eq!(RulesFormat::from_path(Path::new("a/rules.json")).unwrap(), RulesFormat::Json);
+    for paio in ["rocksdb_housekeeping_rules", "r.paio", "r.txt", "r.rules"] {
+        assert_eq!(RulesFormat::from_path(Path::new(paio)).unwrap(), RulesFormat::Paio, "{paio}");
+    }
 }

@@ -234,12 +234,21 @@ pub enum RulesFormat {
 }
 
 impl RulesFormat {
-    /// Guesses from the extension: `.toml`, `.json`, anything else is Paio.
-    pub fn from_path(path: &Path) -> Self {
-        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-            Some("toml") => RulesFormat::Toml,
-            Some("json") => RulesFormat::Json,
-            _ => RulesFormat::Paio,
+    /// The format a file's extension names: `.toml`, `.json`; Paio text
+    /// for no extension (Paio's own files have none), `.paio`, `.txt` or
+    /// `.rules`. Any other extension (`rules.yaml`) is an error naming the
+    /// file, rather than a guess that fails later with a confusing message;
+    /// give the format explicitly ([`RuleSet::load_as`]) to read it anyway.
+    pub fn from_path(path: &Path) -> Result<Self> {
+        let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
+        match ext.as_deref() {
+            Some("toml") => Ok(RulesFormat::Toml),
+            Some("json") => Ok(RulesFormat::Json),
+            None | Some("paio" | "txt" | "rules") => Ok(RulesFormat::Paio),
+            Some(other) => Err(Error::invalid(format!(
+                "{}: unknown rules file extension '.{other}' (.toml, .json; Paio text: no extension, .paio, .txt or .rules; or name the format)",
+                path.display()
+            ))),
         }
     }
 }
@@ -302,7 +311,7 @@ impl RuleSet {
 
     /// Loads a rules file, choosing the format from the extension.
     pub fn load(path: &Path) -> Result<Self> {
-        Self::load_as(path, RulesFormat::from_path(path), &paio::PaioOptions::default())
+        Self::load_as(path, RulesFormat::from_path(path)?, &paio::PaioOptions::default())
     }
 
     /// Loads a rules file in a given format.
