@@ -10,8 +10,9 @@
 //! ```
 //!
 //! Several files are applied as one batch, in order: all of them or nothing.
-//! The format comes from the extension (`.toml`, `.json`, anything else is
-//! Paio text) unless `--format` says otherwise.
+//! The format comes from the extension (`.toml`, `.json`; Paio text for
+//! none, `.paio`, `.txt`, `.rules`; another is refused) unless `--format`
+//! says otherwise.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
