@@ -369,13 +369,19 @@ impl ControllerBuilder {
                 })?;
             }
         }
+        let policy = self.policy.unwrap_or_else(|| policy_for(&self.config));
+        for (name, handle) in &self.instances {
+            let info = handle
+                .stage_info()
+                .map_err(|e| Error::config("instances", format!("instance '{name}': its stage: {e}")))?;
+            policy.check_stage(&info).map_err(|e| Error::config("policy", format!("instance '{name}': {e}")))?;
+        }
         let log_file = match &self.config.log {
             Some(path) => {
                 Some(BufWriter::new(File::options().create(true).append(true).open(path).map_err(Error::Log)?))
             }
             None => None,
         };
-        let policy = self.policy.unwrap_or_else(|| policy_for(&self.config));
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
             wake: Condvar::new(),

@@ -295,3 +295,19 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
         assert!(modes.iter().any(|x| x == m), "no {m} cycle in {modes:?}");
     }
 }
+
+#[test]
+fn silk_refuses_to_start_on_a_stage_with_nothing_to_drive() {
+    let stage = std::sync::Arc::new(kv_stage::Stage::new("bare"));
+    stage
+        .apply_rules([
+            Rule::CreateChannel { channel: "fg".into(), matches: None },
+            Rule::CreateObject { channel: "fg".into(), object: "noop".into(), spec: ObjectSpec::Noop, matches: None },
+        ])
+        .unwrap();
+    for cfg in [ControllerConfig::silk(SilkConfig::default()), ControllerConfig::adaptive(Default::default())] {
+        let e = Controller::builder(cfg).instance("db", stage.clone()).start().unwrap_err().to_string();
+        assert!(e.contains("instance 'db'") && e.contains("stage 'bare' has none (channels: default, fg)"), "{e}");
+        assert!(e.contains("RocksLayout"), "{e}");
+    }
+}

@@ -288,6 +288,10 @@ impl Policy for Adaptive {
         "adaptive"
     }
 
+    fn check_stage(&self, info: &kv_stage::StageInfo) -> Result<(), String> {
+        super::check_background_drls(self.name(), info)
+    }
+
     fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
         let now_s = obs.elapsed.as_secs_f64();
         let mut settings = Vec::new();

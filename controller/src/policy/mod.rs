@@ -202,6 +202,27 @@ pub struct Decision {
 
 /// The DRLs that requests of `ctx` reach, in a stage's layout (how SILK and
 /// the default controller find their flush, L0 and LN objects).
+/// For SILK and the policies built on it: the stage has a DRL that flush,
+/// L0->L1 or higher-level compaction requests reach.
+pub(crate) fn check_background_drls(policy: &str, info: &StageInfo) -> Result<(), String> {
+    let any = [RequestContext::BG_FLUSH, RequestContext::BG_COMPACTION_L0_L1, RequestContext::BG_COMPACTION_LN]
+        .into_iter()
+        .any(|c| !drls_for(info, c).is_empty());
+    if any {
+        return Ok(());
+    }
+    Err(format!(
+        "{policy} drives the DRLs that flushes and compactions reach, and stage '{}' has none (channels: {}): \
+         install rocks_env::RocksLayout, or rules with a DRL for bg_flush, bg_compaction_L0_L1 or bg_compaction_LN",
+        info.name,
+        if info.channels.is_empty() {
+            "none".to_owned()
+        } else {
+            info.channels.iter().map(|c| c.id.as_str()).collect::<Vec<_>>().join(", ")
+        }
+    ))
+}
+
 fn drls_for(info: &StageInfo, ctx: RequestContext) -> Vec<ObjectRef> {
     info.objects_for_context(ctx)
         .into_iter()
@@ -226,6 +247,13 @@ pub trait Policy: Send {
 
     /// Decides the rates for this cycle. An error keeps the previous rates.
     fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError>;
+
+    /// Whether this policy finds something to drive on a stage: `Err`
+    /// with the reason when it would run and change nothing (checked for
+    /// every instance bound before the controller starts).
+    fn check_stage(&self, _info: &StageInfo) -> Result<(), String> {
+        Ok(())
+    }
 
     /// An instance joined (fair-share policies add it to the share).
     fn instance_joined(&mut self, _config: &crate::config::InstanceConfig) {}

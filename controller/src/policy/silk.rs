@@ -137,6 +137,10 @@ impl Policy for Silk {
         "silk"
     }
 
+    fn check_stage(&self, info: &kv_stage::StageInfo) -> Result<(), String> {
+        super::check_background_drls(self.name(), info)
+    }
+
     /// Algorithm 1 for each stage the controller drives. Several DBs may
     /// share a stage, each with its own DRLs: the flush and L0 DRLs whose
     /// DBs have such a job active are the *claimants*, and they split

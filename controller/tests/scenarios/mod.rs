@@ -32,15 +32,17 @@ impl Via for InProcess {
 
 pub fn stage_with_drl(name: &str) -> Arc<Stage> {
     let stage = Arc::new(Stage::new(name));
+    let drl = || ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED));
     stage
         .apply_rules([
             Rule::CreateChannel { channel: "io".into(), matches: None },
-            Rule::CreateObject {
-                channel: "io".into(),
-                object: "drl".into(),
-                spec: ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED)),
-                matches: None,
+            Rule::CreateObject { channel: "io".into(), object: "drl".into(), spec: drl(), matches: None },
+            // Something for SILK to drive (it refuses to start without).
+            Rule::CreateChannel {
+                channel: "flush".into(),
+                matches: Some(kv_stage::Match::context(kv_stage::RequestContext::BG_FLUSH)),
             },
+            Rule::CreateObject { channel: "flush".into(), object: "drl".into(), spec: drl(), matches: None },
         ])
         .unwrap();
     stage
