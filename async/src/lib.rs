@@ -63,6 +63,9 @@ mod batch;
 mod context;
 mod db;
 
+/// The `rocksdb` crate the DB is built with (see [`rocks_env::rocksdb`]).
+pub use rocks_env::rocksdb;
+
 pub use batch::BatchStats;
 pub use context::{current, scope};
 pub use db::{AsyncDb, AsyncDbBuilder, DEFAULT_BLOCKING_THREADS, SCAN_CHUNK, Scan};

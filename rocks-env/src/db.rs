@@ -10,7 +10,7 @@ use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode};
 
 use crate::device::{Device, DeviceStats};
 use crate::env::{add_listener, staged_env};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fault::FaultInjection;
 use crate::io::{BackgroundErrors, CompactionLevelStats, DbIo, IoStats, JobStats};
 use crate::layout::RocksLayout;
@@ -110,11 +110,12 @@ impl StagedDbBuilder {
         options.set_env(&env);
         add_listener(&mut options, &io);
         let db = if self.column_families.is_empty() {
-            DB::open(&options, &path)?
+            DB::open(&options, &path)
         } else {
             let cfs = self.column_families.into_iter().map(|(name, o)| ColumnFamilyDescriptor::new(name, o));
-            DB::open_cf_descriptors(&options, &path, cfs)?
-        };
+            DB::open_cf_descriptors(&options, &path, cfs)
+        }
+        .map_err(|e| Error::opening(&path, e))?;
         std::mem::forget(guard);
         Ok(StagedDb {
             db: Some(db),

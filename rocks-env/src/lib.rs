@@ -71,6 +71,14 @@ mod layout;
 mod tag;
 mod wire;
 
+/// The `rocksdb` crate this one is built with, so a service uses the same
+/// types (`Options`, `WriteBatch`, `DB`) without a `rocksdb` line of its
+/// own. A service that wants its own line must match it exactly, or cargo
+/// builds RocksDB's C++ code a second time (about 15 minutes on 2 cores):
+/// `rocksdb = { version = "=0.25.0", default-features = false, features =
+/// ["raw-ptr", "lz4", "snappy", "zstd", "bindgen-runtime"] }`.
+pub use rocksdb;
+
 pub use db::{StagedDb, StagedDbBuilder};
 pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};

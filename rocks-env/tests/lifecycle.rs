@@ -334,3 +334,21 @@ fn compaction_readahead_is_accounted_and_its_reads_enforced() {
         jobs.compaction_l0.bytes_read
     );
 }
+
+#[test]
+fn opening_an_open_db_again_says_so_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = rocks_env::rocksdb::Options::default();
+    opts.create_if_missing(true);
+    let first = StagedDb::open(opts.clone(), dir.path()).unwrap();
+    let Err(e) = StagedDb::open(opts.clone(), dir.path()) else { panic!("opened twice") };
+    assert!(matches!(e, rocks_env::Error::Locked { by: "in this process", .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains(&dir.path().display().to_string()) && text.contains("already open in this process"),
+        "{text}"
+    );
+    drop(first);
+    // Closed, it opens again.
+    StagedDb::open(opts, dir.path()).unwrap();
+}
