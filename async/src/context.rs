@@ -34,6 +34,26 @@ tokio::task_local! {
 /// assert_eq!(seen, tenant);
 /// # });
 /// ```
+///
+/// A task spawned *inside* the scope (`tokio::spawn`, `JoinSet::spawn`)
+/// starts without it: a task-local belongs to its task, so the new task
+/// runs as `foreground` and a tenant's limit does not reach it. Carry the
+/// context over by scoping the spawned future too:
+///
+/// ```
+/// # let rt = tokio::runtime::Runtime::new().unwrap();
+/// # rt.block_on(async {
+/// # let tenant = kv_stage::RequestContext::register("tenant_b").unwrap();
+/// kv_async::scope(tenant, async {
+///     let inner = tokio::spawn(kv_async::scope(kv_async::current(), async { kv_async::current() }));
+///     assert_eq!(inner.await.unwrap(), tenant);
+///     // Without the inner scope the spawned task is foreground's.
+///     let lost = tokio::spawn(async { kv_async::current() });
+///     assert_eq!(lost.await.unwrap(), kv_stage::RequestContext::FOREGROUND);
+/// })
+/// .await;
+/// # });
+/// ```
 pub fn scope<F: Future>(context: RequestContext, f: F) -> TaskLocalFuture<RequestContext, F> {
     CONTEXT.scope(context, f)
 }

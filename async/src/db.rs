@@ -42,7 +42,7 @@ impl Writer for DbWriter {
                 WriteOp::Delete(k) => batch.delete(k),
             }
         }
-        self.db.write_opt(batch, &self.options).map_err(io::Error::other)
+        self.db.write_opt(batch, &self.options).map_err(rocksdb_error)
     }
 }
 
@@ -193,7 +193,7 @@ impl AsyncDb {
         })
         .await
         .map_err(|e| io::Error::other(format!("the RocksDB call did not complete: {e}")))?
-        .map_err(io::Error::other)
+        .map_err(rocksdb_error)
     }
 
     fn queue(&self, plan: BatchPlan, context: RequestContext) -> Arc<Queue<DbWriter>> {
@@ -375,4 +375,24 @@ impl AsyncDb {
         }
         Ok(out)
     }
+}
+
+/// A RocksDB error as an I/O error of a kind a caller can match on (the
+/// `rocksdb::Error` inside, for `downcast_ref`): `NotFound`,
+/// `InvalidData` (corruption), `InvalidInput`, `Unsupported`, `TimedOut`,
+/// `ResourceBusy` (busy, try again), `ConnectionAborted` (shutting down),
+/// `Other` for the rest (an I/O error, an incomplete or aborted call).
+pub(crate) fn rocksdb_error(e: rocksdb::Error) -> io::Error {
+    use rocksdb::ErrorKind as R;
+    let kind = match e.kind() {
+        R::NotFound => io::ErrorKind::NotFound,
+        R::Corruption => io::ErrorKind::InvalidData,
+        R::InvalidArgument => io::ErrorKind::InvalidInput,
+        R::NotSupported => io::ErrorKind::Unsupported,
+        R::TimedOut => io::ErrorKind::TimedOut,
+        R::Busy | R::TryAgain => io::ErrorKind::ResourceBusy,
+        R::ShutdownInProgress => io::ErrorKind::ConnectionAborted,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
 }

@@ -178,8 +178,16 @@ impl fmt::Display for EnforceError {
 
 impl std::error::Error for EnforceError {}
 
+/// An I/O error of a kind a caller can match on, holding the
+/// [`EnforceError`] (`get_ref()?.downcast_ref::<EnforceError>()` for its
+/// object and reason): a refusal is `PermissionDenied`, a shut-down stage
+/// `ConnectionAborted` (never `Interrupted`, which callers retry).
 impl From<EnforceError> for std::io::Error {
     fn from(e: EnforceError) -> Self {
-        std::io::Error::other(e)
+        let kind = match e.kind() {
+            EnforceErrorKind::ShutDown => std::io::ErrorKind::ConnectionAborted,
+            EnforceErrorKind::Refused => std::io::ErrorKind::PermissionDenied,
+        };
+        std::io::Error::new(kind, e)
     }
 }

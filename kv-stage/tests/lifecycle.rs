@@ -119,8 +119,10 @@ fn a_failed_enforcement_reaches_the_file_caller_and_nothing_is_written() {
     f.write_all(b"before").unwrap();
     stage.create_custom_object("default", "refuse", Arc::new(RefuseWrites), None).unwrap();
     let e = f.write_all(b"after").unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::Other);
+    assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
     assert!(e.to_string().contains("writes are refused"), "{e}");
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<kv_stage::EnforceError>()).expect("the stage's error");
+    assert_eq!(inner.kind(), kv_stage::EnforceErrorKind::Refused);
     f.sync_all().unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"before");
     let mut s = String::new();
