@@ -362,13 +362,35 @@ impl futures_core::Stream for Scan {
     }
 }
 
+impl Scan {
+    /// The next entry, without a stream helper crate (`StreamExt::next`
+    /// does the same): `None` after the last entry or after an error.
+    ///
+    /// ```no_run
+    /// # async fn f(db: kv_async::AsyncDb) -> std::io::Result<()> {
+    /// let mut scan = db.scan(b"user".to_vec());
+    /// while let Some(entry) = scan.next().await {
+    ///     let (key, value) = entry?;
+    ///     if !key.starts_with(b"user") {
+    ///         break;
+    ///     }
+    ///     println!("{} bytes", value.len());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn next(&mut self) -> Option<io::Result<Entry>> {
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut *self), cx)).await
+    }
+}
+
 impl AsyncDb {
     /// Collects a whole [`scan`](Self::scan) of at most `limit` entries.
     pub async fn scan_collect(&self, start: impl Into<Vec<u8>>, limit: usize) -> io::Result<Vec<Entry>> {
         let mut scan = self.scan(start);
         let mut out = Vec::new();
         while out.len() < limit {
-            match std::future::poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut scan), cx)).await {
+            match scan.next().await {
                 Some(r) => out.push(r?),
                 None => break,
             }
