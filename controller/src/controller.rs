@@ -293,8 +293,11 @@ impl ControllerBuilder {
 
     /// Binds an instance name to a stage. For fair-share policies every
     /// configured instance must be bound, and only those.
-    pub fn instance(mut self, name: impl Into<String>, handle: Arc<dyn StageHandle>) -> Self {
-        self.instances.push((name.into(), handle));
+    /// The handle is any `Arc` of a stage handle: `Arc<Stage>` as
+    /// `Arc::clone(db.stage())` gives it, a `RemoteStage`, or an
+    /// `Arc<dyn StageHandle>`.
+    pub fn instance(mut self, name: impl Into<String>, handle: impl IntoStageHandle) -> Self {
+        self.instances.push((name.into(), handle.into_stage_handle()));
         self
     }
 
@@ -854,4 +857,23 @@ pub fn check_binding(instance: &InstanceConfig, info: &StageInfo) -> Result<()> 
         ));
     }
     Ok(())
+}
+
+/// What [`ControllerBuilder::instance`] takes: an `Arc` of any
+/// [`StageHandle`], or an `Arc<dyn StageHandle>` already.
+pub trait IntoStageHandle {
+    /// As the trait object the controller keeps.
+    fn into_stage_handle(self) -> Arc<dyn StageHandle>;
+}
+
+impl<T: StageHandle + 'static> IntoStageHandle for Arc<T> {
+    fn into_stage_handle(self) -> Arc<dyn StageHandle> {
+        self
+    }
+}
+
+impl IntoStageHandle for Arc<dyn StageHandle> {
+    fn into_stage_handle(self) -> Arc<dyn StageHandle> {
+        self
+    }
 }

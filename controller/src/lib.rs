@@ -71,7 +71,7 @@ pub use config::{
 };
 pub use controller::{
     AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DEFAULT_MAX_LOG, DecisionRecord, HandleError,
-    InstanceInputs, ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
+    InstanceInputs, IntoStageHandle, ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{

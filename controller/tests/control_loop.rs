@@ -306,7 +306,9 @@ fn silk_refuses_to_start_on_a_stage_with_nothing_to_drive() {
         ])
         .unwrap();
     for cfg in [ControllerConfig::silk(SilkConfig::default()), ControllerConfig::adaptive(Default::default())] {
-        let e = Controller::builder(cfg).instance("db", stage.clone()).start().unwrap_err().to_string();
+        // `Arc::clone(&stage)` as a handle (it did not compile when
+        // `instance` took `Arc<dyn StageHandle>`: E0308).
+        let e = Controller::builder(cfg).instance("db", std::sync::Arc::clone(&stage)).start().unwrap_err().to_string();
         assert!(e.contains("instance 'db'") && e.contains("stage 'bare' has none (channels: default, fg)"), "{e}");
         assert!(e.contains("RocksLayout"), "{e}");
     }

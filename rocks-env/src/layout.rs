@@ -111,7 +111,19 @@ impl RocksLayout {
     /// Installs the layout into a stage (all or nothing) and returns handles
     /// on its objects.
     pub fn install(&self, stage: &Stage) -> Result<LayoutHandles> {
-        stage.apply(&RuleSet::from_rules(self.rules()))?;
+        if let Err(e) = stage.apply(&RuleSet::from_rules(self.rules())) {
+            // The common way here: the stage `StagedDb::open` made, which
+            // has this layout already.
+            if self.handles(stage).is_ok() {
+                return Err(Error::Config(format!(
+                    "{e}: stage '{}' has a RocksDB layout already (StagedDb::open installs one on the stage it \
+                     makes; use RocksLayout::handles for its objects, or open with StagedDbBuilder::stage to \
+                     bring your own)",
+                    stage.name()
+                )));
+            }
+            return Err(e.into());
+        }
         self.handles(stage)
     }
 

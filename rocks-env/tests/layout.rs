@@ -51,3 +51,16 @@ fn the_wrapper_sees_the_bytes_rocksdb_writes() {
     assert!(common::written(&stage, "fg") >= 100_000);
     assert!(common::written(&stage, "flush") > 0, "the listener did not tag the flush thread");
 }
+
+#[test]
+fn installing_the_layout_on_the_stage_open_made_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = rocks_env::rocksdb::Options::default();
+    opts.create_if_missing(true);
+    let db = rocks_env::StagedDb::open(opts, dir.path()).unwrap();
+    let e = rocks_env::RocksLayout::new().install(db.stage()).unwrap_err().to_string();
+    assert!(e.contains("already exists") && e.contains("has a RocksDB layout already"), "{e}");
+    assert!(e.contains("RocksLayout::handles"), "{e}");
+    // What it points to works.
+    rocks_env::RocksLayout::new().handles(db.stage()).unwrap();
+}

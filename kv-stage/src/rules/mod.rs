@@ -321,6 +321,25 @@ impl RuleSet {
         Self::parse(&text, format, Some(source), paio)
     }
 
+    /// Parses TOML rules text (the common case of [`parse`](Self::parse)):
+    ///
+    /// ```
+    /// let set = kv_stage::RuleSet::from_toml(
+    ///     r#"
+    /// version = 1
+    /// [[rules]]
+    /// op = "create_channel"
+    /// channel = "flush"
+    /// match = { context = "bg_flush" }
+    /// "#,
+    /// )?;
+    /// assert_eq!(set.rules.len(), 1);
+    /// # Ok::<(), kv_stage::Error>(())
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Self> {
+        Self::parse(text, RulesFormat::Toml, None, &paio::PaioOptions::default())
+    }
+
     /// Parses rules text. `source` names the text in error messages.
     pub fn parse(text: &str, format: RulesFormat, source: Option<Arc<str>>, paio: &paio::PaioOptions) -> Result<Self> {
         match format {
