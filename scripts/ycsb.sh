@@ -12,9 +12,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 source "$root/scripts/setup.sh"
-# Build from the workspace root so its .cargo/config.toml applies (the same
-# flags as the tests: RocksDB is compiled once for both).
-(cd "$root" && cargo build --release --locked -p bench-ycsb)
+# Build from the workspace root so its .cargo/config.toml applies, with the
+# very cargo command of scripts/test.sh (without running the tests), so
+# RocksDB's C++ code is compiled once for both. A `-p bench-ycsb` build
+# resolves the build tools' features without the other crates' (regex,
+# itertools, log and either, which bindgen shares with kv-remote's protobuf
+# generator and the dev-dependencies), and that gives librocksdb-sys another
+# hash: a second 15-minute compile. The bench binary is built with the
+# workspace's tests (cargo builds a package's binaries for its integration
+# tests).
+(cd "$root" && cargo test --release --workspace --locked --no-run)
 if [ "$#" -eq 0 ]; then
     set -- run
 fi
