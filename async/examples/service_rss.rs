@@ -34,6 +34,10 @@ struct Args {
     /// Synced puts per second of each tenant (1 KiB values).
     #[arg(long, default_value_t = 200)]
     rate: u64,
+    /// Cycles the controller keeps in memory (default: its default, 1,000;
+    /// 100000 was the old default).
+    #[arg(long)]
+    max_log: Option<usize>,
 }
 
 /// This process's resident set, in KiB.
@@ -56,9 +60,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     opts.set_max_bytes_for_level_base(4 << 20);
     opts.set_target_file_size_base(1 << 20);
     let staged = Arc::new(StagedDb::open(opts, dir.path())?);
-    let controller = Controller::builder(ControllerConfig::adaptive(AdaptiveConfig::default()))
-        .instance("db", Arc::clone(staged.stage()))
-        .start()?;
+    let mut builder = Controller::builder(ControllerConfig::adaptive(AdaptiveConfig::default()))
+        .instance("db", Arc::clone(staged.stage()));
+    if let Some(n) = args.max_log {
+        builder = builder.max_log_records(n);
+    }
+    let controller = builder.start()?;
     let db = AsyncDb::new(Arc::clone(&staged));
     let tenants = [RequestContext::register("gold")?, RequestContext::register("silver")?];
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
