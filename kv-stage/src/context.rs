@@ -442,6 +442,20 @@ impl ContextReservation {
     pub(crate) fn reserve(names: &[String]) -> Result<Self> {
         let mut reg = registry();
         let mut out = ContextReservation::default();
+        if let Err(e) = out.reserve_locked(&mut reg, names) {
+            // Given back here, under the lock this thread holds: the ids
+            // are emptied first so that dropping `out` does not take the
+            // lock again (a self-deadlock the fuzz harness found: a batch
+            // declaring a new name, then a bad one).
+            out.release(&mut reg);
+            out.ids.clear();
+            return Err(e);
+        }
+        drop(reg);
+        Ok(out)
+    }
+
+    fn reserve_locked(&mut self, reg: &mut Registry, names: &[String]) -> Result<()> {
         for name in names {
             if RequestContext::builtin(name).is_some() {
                 continue;
@@ -449,25 +463,21 @@ impl ContextReservation {
             validate_name(name).map_err(|m| Error::invalid(format!("request context name '{name}': {m}")))?;
             let i = match reg.find(name) {
                 Some(i) => i,
-                None => match reg.new_slot(name).and_then(|i| Ok((i, reg.intern(name)?))) {
-                    Ok((i, n)) => {
-                        reg.slots[i] = Slot::Reserved(n, 0);
-                        i
-                    }
-                    Err(e) => {
-                        out.release(&mut reg);
-                        return Err(e);
-                    }
-                },
+                None => {
+                    let i = reg.new_slot(name)?;
+                    let n = reg.intern(name)?;
+                    reg.slots[i] = Slot::Reserved(n, 0);
+                    i
+                }
             };
             if let Slot::Reserved(n, count) = reg.slots[i]
-                && !out.ids.contains(&(i as u16))
+                && !self.ids.contains(&(i as u16))
             {
                 reg.slots[i] = Slot::Reserved(n, count + 1);
-                out.ids.push(i as u16);
+                self.ids.push(i as u16);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Runs `f` with the reserved contexts nameable on this thread.
