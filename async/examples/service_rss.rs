@@ -93,17 +93,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     println!("{:>8} {:>10} {:>10} {:>12}", "seconds", "rss_kib", "cycles", "log_records");
+    let row = || {
+        let (s, rss) = (start.elapsed().as_secs_f64(), rss_kib());
+        println!("{s:>8.0} {rss:>10} {:>10} {:>12}", controller.cycles(), controller.log().len());
+    };
     let every = Duration::from_secs_f64(args.every.max(0.1));
     let mut next = start;
     while start.elapsed() < run_for {
         if Instant::now() >= next {
-            println!(
-                "{:>8.0} {:>10} {:>10} {:>12}",
-                start.elapsed().as_secs_f64(),
-                rss_kib(),
-                controller.cycles(),
-                controller.log().len()
-            );
+            row();
             next += every;
         }
         std::thread::sleep(Duration::from_millis(100).min(run_for.saturating_sub(start.elapsed())));
@@ -112,13 +110,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for w in writers {
         puts += rt.block_on(w)??;
     }
-    println!(
-        "{:>8.0} {:>10} {:>10} {:>12}",
-        start.elapsed().as_secs_f64(),
-        rss_kib(),
-        controller.cycles(),
-        controller.log().len()
-    );
+    row();
     println!("puts: {puts} in {:.0} s", start.elapsed().as_secs_f64());
     controller.stop();
     drop(db);

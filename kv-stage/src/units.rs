@@ -59,24 +59,25 @@ fn parse_number(num: &str, whole: &str) -> Result<f64, UnitError> {
     Ok(v)
 }
 
-/// Multiplier of a byte-size suffix: SI (`K` = 1000) or binary (`Ki` = 1024),
-/// with or without a trailing `B`, case-insensitive.
+/// Size prefixes as a rate must spell them (`k` is accepted for `K`):
+/// SI (`K` = 1000) and binary (`Ki` = 1024).
+const PREFIXES: [(&str, f64); 9] = [
+    ("", 1.0),
+    ("K", 1e3),
+    ("M", 1e6),
+    ("G", 1e9),
+    ("T", 1e12),
+    ("Ki", 1024.0),
+    ("Mi", 1024.0 * 1024.0),
+    ("Gi", 1024.0 * 1024.0 * 1024.0),
+    ("Ti", 1024.0 * 1024.0 * 1024.0 * 1024.0),
+];
+
+/// Multiplier of a byte-size suffix: one of [`PREFIXES`], with or without a
+/// trailing `B`, case-insensitive.
 fn byte_multiplier(suffix: &str) -> Option<f64> {
-    let lower = suffix.to_ascii_lowercase();
-    let s = lower.strip_suffix('b').unwrap_or(&lower);
-    let m = match s {
-        "" => 1.0,
-        "k" => 1e3,
-        "m" => 1e6,
-        "g" => 1e9,
-        "t" => 1e12,
-        "ki" => 1024.0,
-        "mi" => 1024.0 * 1024.0,
-        "gi" => 1024.0 * 1024.0 * 1024.0,
-        "ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return None,
-    };
-    Some(m)
+    let s = suffix.strip_suffix(['b', 'B']).unwrap_or(suffix);
+    PREFIXES.iter().find(|(p, _)| p.eq_ignore_ascii_case(s)).map(|&(_, m)| m)
 }
 
 /// Parses a byte quantity such as `"8Mi"`, `"64MiB"`, `"1.5G"` or `"4096"`.
@@ -232,18 +233,12 @@ fn rate_multiplier(unit: &str) -> Result<f64, String> {
         return Err(format!("unit '{unit}': a lowercase b means bits; write B for bytes (MB = 10^6 B, MiB = 2^20 B)"));
     }
     let prefix = unit.strip_suffix('B').unwrap_or(unit);
-    Ok(match prefix {
-        "" => 1.0,
-        "k" | "K" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("unknown unit '{unit}' (prefixes k, K, M, G, T, Ki, Mi, Gi, Ti, then B)")),
-    })
+    let prefix = if prefix == "k" { "K" } else { prefix };
+    PREFIXES
+        .iter()
+        .find(|(p, _)| *p == prefix)
+        .map(|&(_, m)| m)
+        .ok_or_else(|| format!("unknown unit '{unit}' (prefixes k, K, M, G, T, Ki, Mi, Gi, Ti, then B)"))
 }
 
 /// A per-second limit where the key already says "per second" (a QoS
