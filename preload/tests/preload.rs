@@ -84,18 +84,21 @@ fn a_limit_changes_live_while_fio_runs() {
     std::fs::create_dir_all(&logs).unwrap();
     let jobs =
         [Job::new("v", &d.join("v/data"), "write", "4k", true), Job::new("z", &d.join("z/data"), "write", "4k", true)];
-    // The change's clock starts when fio does: the `sync` before it took
-    // longer than 3.5 s on a fresh CI machine, and the jobs then started
-    // with the new rules already in place.
+    // The change's clock starts once both fio job processes write: a fresh
+    // CI machine saw the `sync` before fio take over 3.5 s, and later fio's
+    // own set-up take about as long, so that the jobs started with the new
+    // rules already in place.
     let mut changer = None;
-    let got = support::run_with(&jobs, Duration::from_secs(8), Under::Preload(&rules), Some(&logs), || {
+    let got = support::run_with(&jobs, Duration::from_secs(9), Under::Preload(&rules), Some(&logs), |fio| {
         let (rules, v, z) = (rules.clone(), d.join("v"), d.join("z"));
         changer = Some(std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(3500));
-            support::write_rules_at(&rules, &volumes(&[("v", &v, "wbps=8MiB"), ("z", &z, "wbps=2MiB")]))
+            let began = support::wait_for_job_writes(fio, 2, 256 << 10, Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(2500));
+            (began, support::write_rules_at(&rules, &volumes(&[("v", &v, "wbps=8MiB"), ("z", &z, "wbps=2MiB")])))
         }));
     });
-    let written = changer.expect("fio started").join().unwrap();
+    let (began, written) = changer.expect("fio started").join().unwrap();
+    assert!(began, "fio's two jobs had not both written 256 KiB in 20 s");
     let (v, z) = (&got[0].per_second_kib, &got[1].per_second_kib);
     eprintln!("per second, KiB/s: v {v:?}, z {z:?}");
     // Each fio job process applied the change within one refill period of
@@ -109,9 +112,9 @@ fn a_limit_changes_live_while_fio_runs() {
         assert!((0.0..100.0).contains(&lag_ms), "{lag_ms} ms");
     }
     assert!(v.len() >= 7 && z.len() >= 7, "{v:?} {z:?}");
-    // The change lands 3.5 s after the processes start, but fio starts its
-    // clock later, by up to 2 s on a busy machine (CI has seen its second 2
-    // and its second 3 straddle the change). So the change is found in
+    // The change lands 2.5 s after both jobs first write, which is about
+    // when fio's clock starts (it has been seen to straddle seconds 2 and 3
+    // of fio's log). So the change is found in
     // fio's own log: `c`, the first second in which `z` (unlimited before,
     // tens of MiB/s) writes at most twice its new 2 MiB/s; second `c - 1`
     // holds the change. Before it, `v` at 4 MiB/s; from `c + 1` on, 8 MiB/s

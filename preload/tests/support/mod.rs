@@ -146,17 +146,18 @@ pub enum Under<'a> {
 /// Runs the jobs at once for `runtime`, returns one result per job.
 /// `bw_log` asks for a per-second bandwidth log in that directory.
 pub fn run(jobs: &[Job], runtime: Duration, under: Under<'_>, bw_log: Option<&Path>) -> Vec<Measured> {
-    run_with(jobs, runtime, under, bw_log, || {})
+    run_with(jobs, runtime, under, bw_log, |_| {})
 }
 
-/// [`run`], calling `started` once fio is spawned (after the `sync` before
-/// it, which on a fresh machine can take longer than a whole run).
+/// [`run`], calling `started` with fio's pid once fio is spawned (after the
+/// `sync` before it, which on a fresh machine can take longer than a whole
+/// run).
 pub fn run_with(
     jobs: &[Job],
     runtime: Duration,
     under: Under<'_>,
     bw_log: Option<&Path>,
-    started: impl FnOnce(),
+    started: impl FnOnce(u32),
 ) -> Vec<Measured> {
     let mut args: Vec<String> = vec![
         "--output-format=json".into(),
@@ -190,7 +191,7 @@ pub fn run_with(
         cmd.env("LD_PRELOAD", library()).env("KVSDS_RULES", rules);
     }
     let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run fio");
-    started();
+    started(child.id());
     let out = child.wait_with_output().expect("wait for fio");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -285,6 +286,27 @@ pub fn volumes(v: &[(&str, &Path, &str)]) -> String {
     v.iter()
         .map(|(n, p, l)| format!("[[volumes]]\nname = \"{n}\"\npath = \"{}\"\nlimits = \"{l}\"\n\n", p.display()))
         .collect()
+}
+
+/// Waits until fio (`pid`) has `jobs` job processes that have each sent at
+/// least `bytes` to storage (their `write_bytes` in `/proc`), or `limit`
+/// passes; returns whether they did. fio's own clock starts in the job
+/// processes, after a set-up that a fresh machine has seen take over 3 s.
+pub fn wait_for_job_writes(pid: u32, jobs: usize, bytes: u64, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let written = |child: &str| -> u64 {
+        let io = fs::read_to_string(format!("/proc/{child}/io")).unwrap_or_default();
+        io.lines().find_map(|l| l.strip_prefix("write_bytes: ")?.trim().parse().ok()).unwrap_or(0)
+    };
+    while std::time::Instant::now() < deadline {
+        let children = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let started = children.split_whitespace().filter(|c| written(c) >= bytes).count();
+        if started >= jobs {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
 }
 
 /// Writes a rules file atomically and returns when, in Unix seconds.
