@@ -64,6 +64,11 @@ struct Args {
     /// A token the controller must send.
     #[arg(long)]
     token: Option<String>,
+    /// RocksDB's write buffer (memtable) size, e.g. 4MiB. A buffer larger
+    /// than the run writes means no flush, so the load does not wait on a
+    /// disk that is busy with something else.
+    #[arg(long, default_value = "4MiB")]
+    write_buffer: String,
 }
 
 /// A small xorshift generator (the load needs no more).
@@ -113,7 +118,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let path = args.db.clone().unwrap_or_else(|| scratch.as_ref().expect("temp dir").path().to_owned());
     let mut opts = rocksdb::Options::default();
     opts.create_if_missing(true);
-    opts.set_write_buffer_size(4 << 20);
+    let write_buffer = kv_stage::units::parse_bytes(&args.write_buffer).map_err(|e| format!("--write-buffer: {e}"))?;
+    if !(64.0 * 1024.0..=4.0 * 1024.0 * 1024.0 * 1024.0).contains(&write_buffer) {
+        return Err(format!("--write-buffer: {} is outside 64KiB..4GiB", args.write_buffer).into());
+    }
+    opts.set_write_buffer_size(write_buffer as usize);
     let db = Arc::new(StagedDb::builder(opts).stage(Arc::clone(&stage)).open(&path)?);
     let value = vec![b'v'; args.value_size];
     for i in 0..args.records {

