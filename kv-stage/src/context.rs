@@ -134,6 +134,14 @@ impl RequestType {
         self as usize
     }
 
+    /// True for file data requests: reads and writes of file contents
+    /// (not metadata, not key-value requests). What a context moves to and
+    /// from the device.
+    #[inline]
+    pub const fn is_file_data(self) -> bool {
+        matches!(self, RequestType::Read | RequestType::Write)
+    }
+
     /// True for requests that read data (file reads and key-value reads).
     pub const fn is_read(self) -> bool {
         matches!(self, RequestType::Read | RequestType::Get | RequestType::Scan | RequestType::MultiGet)

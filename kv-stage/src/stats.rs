@@ -123,6 +123,15 @@ impl Cell {
         if exclusive { self.add_exclusive(bytes) } else { self.add_shared(bytes) }
     }
 
+    /// Adds bytes without an operation (a charge after the request).
+    fn add_bytes(&self, exclusive: bool, bytes: u64) {
+        if exclusive {
+            self.bytes.store(self.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
+        } else {
+            self.bytes.fetch_add(bytes, Relaxed);
+        }
+    }
+
     fn get(&self) -> (u64, u64) {
         (self.ops.load(Relaxed), self.bytes.load(Relaxed))
     }
@@ -138,6 +147,8 @@ struct Shard {
     inline: [Cell; INLINE_SLOTS],
     segments: [OnceLock<Box<CachePadded<[Cell; SEG]>>>; NSEG],
     contexts: [Cell; RequestContext::MAX],
+    /// The file data requests (reads and writes) among `contexts`.
+    file_contexts: [Cell; RequestContext::MAX],
     workflows: [WorkflowCell; WORKFLOWS_PER_THREAD],
     other_workflows: Cell,
 }
@@ -166,6 +177,7 @@ impl Shard {
             inline: std::array::from_fn(|_| Cell::default()),
             segments: std::array::from_fn(|_| OnceLock::new()),
             contexts: std::array::from_fn(|_| Cell::default()),
+            file_contexts: std::array::from_fn(|_| Cell::default()),
             workflows: std::array::from_fn(|_| WorkflowCell { id: AtomicU64::new(0), cell: Cell::default() }),
             other_workflows: Cell::default(),
         }
@@ -264,6 +276,9 @@ impl Counters {
             shard.slot(o).add_exclusive(size);
         }
         shard.contexts[ctx.context.index()].add_exclusive(size);
+        if ctx.request_type.is_file_data() {
+            shard.file_contexts[ctx.context.index()].add_exclusive(size);
+        }
         let key = ctx.workflow.0.wrapping_add(1);
         let first = &shard.workflows[0];
         if first.id.load(Relaxed) == key {
@@ -281,6 +296,9 @@ impl Counters {
             shard.slot(o).add_shared(ctx.size);
         }
         shard.contexts[ctx.context.index()].add_shared(ctx.size);
+        if ctx.request_type.is_file_data() {
+            shard.file_contexts[ctx.context.index()].add_shared(ctx.size);
+        }
         shard.other_workflows.add_shared(ctx.size);
     }
 
@@ -293,11 +311,26 @@ impl Counters {
         self.shards().map(|s| s.peek_slot(slot)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
-    /// Totals per request context id (index = context id).
-    pub(crate) fn context_totals(&self) -> Vec<(u64, u64)> {
-        let mut v = vec![(0u64, 0u64); RequestContext::MAX];
+    /// Adds `bytes` (no operation) to a channel, object and request
+    /// context: what a request turned out to cost after it was admitted.
+    pub(crate) fn record_bytes(&self, channel_slot: u32, object_slot: Option<u32>, ctx: &Context, bytes: u64) {
+        let (shard, exclusive) = self.shards.mine();
+        shard.slot(channel_slot).add_bytes(exclusive, bytes);
+        if let Some(o) = object_slot {
+            shard.slot(o).add_bytes(exclusive, bytes);
+        }
+        shard.contexts[ctx.context.index()].add_bytes(exclusive, bytes);
+    }
+
+    /// Totals per request context id (index = context id): all requests,
+    /// and file data requests only.
+    pub(crate) fn context_totals(&self) -> Vec<((u64, u64), (u64, u64))> {
+        let mut v = vec![((0u64, 0u64), (0u64, 0u64)); RequestContext::MAX];
         for s in self.shards() {
-            for (acc, c) in v.iter_mut().zip(s.contexts.iter()) {
+            for ((acc, f), (c, fc)) in v.iter_mut().zip(s.contexts.iter().zip(&s.file_contexts)) {
+                let (o, b) = fc.get();
+                f.0 += o;
+                f.1 += b;
                 let (o, b) = c.get();
                 acc.0 += o;
                 acc.1 += b;
@@ -412,7 +445,7 @@ mod tests {
         assert_eq!(c.slot_total(1), (80_000, 800_000));
         assert_eq!(c.slot_total(70), (80_000, 800_000));
         assert_eq!(c.slot_total(2), (0, 0));
-        assert_eq!(c.context_totals()[RequestContext::BG_FLUSH.index()], (80_000, 800_000));
+        assert_eq!(c.context_totals()[RequestContext::BG_FLUSH.index()].0, (80_000, 800_000));
         let (wf, other) = c.workflow_totals();
         assert_eq!(other, (0, 0));
         assert_eq!(wf.len(), 8);

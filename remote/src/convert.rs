@@ -79,7 +79,11 @@ pub(crate) fn collection(c: &Collection) -> pb::Collection {
         contexts: c
             .contexts
             .iter()
-            .map(|x| pb::ContextCounters { context: context_ref(x.context), counter: counter(x.counter) })
+            .map(|x| pb::ContextCounters {
+                context: context_ref(x.context),
+                counter: counter(x.counter),
+                file: counter(x.file),
+            })
             .collect(),
         workflows: c
             .workflows
@@ -115,7 +119,11 @@ pub(crate) fn from_collection(c: pb::Collection) -> Decoded<Collection> {
         .contexts
         .iter()
         .filter_map(|x| {
-            Some(ContextCounters { context: context(x.context.as_ref())?, counter: from_counter(x.counter) })
+            Some(ContextCounters {
+                context: context(x.context.as_ref())?,
+                counter: from_counter(x.counter),
+                file: from_counter(x.file),
+            })
         })
         .collect();
     let jobs = c

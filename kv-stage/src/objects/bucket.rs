@@ -696,6 +696,21 @@ impl Bucket {
         self.cv.notify_all();
     }
 
+    /// Takes `bytes` more for a request already admitted (a bucket of
+    /// operations has charged it already), without waiting: they join the
+    /// end of the line, so the requests after it wait for them.
+    pub(crate) fn charge(&self, bytes: u64) {
+        if bytes == 0 || self.open.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.lock();
+        if st.unit != RateUnit::Bytes || st.core.is_unlimited() {
+            return;
+        }
+        st.core.reserve(now_ns(), bytes as f64);
+        st.stats.admitted_tokens += bytes as f64;
+    }
+
     /// Current `(rate, unit, burst)`.
     pub(crate) fn config(&self) -> (f64, RateUnit, f64) {
         let st = self.lock();

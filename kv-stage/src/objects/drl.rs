@@ -177,6 +177,10 @@ impl EnforcementObject for Drl {
         self.bucket.refund(unused);
     }
 
+    fn charge(&self, _ctx: &Context, extra: u64) {
+        self.bucket.charge(extra);
+    }
+
     fn spec(&self) -> Option<ObjectSpec> {
         Some(ObjectSpec::Drl(self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone()))
     }

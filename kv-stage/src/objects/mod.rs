@@ -447,6 +447,14 @@ pub trait EnforcementObject: Send + Sync + 'static {
         let _ = (ctx, unused);
     }
 
+    /// An admitted request moved `extra` bytes more than `ctx.size` (a
+    /// key-value read, whose size is known once it returns): an object that
+    /// charges bytes takes them now, without waiting, and the requests after
+    /// it wait for them. The default does not charge them.
+    fn charge(&self, ctx: &Context, extra: u64) {
+        let _ = (ctx, extra);
+    }
+
     /// Object-specific statistics.
     fn stats(&self) -> ObjectStats {
         ObjectStats::default()
@@ -578,6 +586,9 @@ impl EnforcementObject for Object {
     }
     fn refund(&self, ctx: &Context, unused: u64) {
         dispatch!(self, o => o.refund(ctx, unused))
+    }
+    fn charge(&self, ctx: &Context, extra: u64) {
+        dispatch!(self, o => o.charge(ctx, extra))
     }
     fn stats(&self) -> ObjectStats {
         dispatch!(self, o => o.stats())

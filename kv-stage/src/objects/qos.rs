@@ -343,6 +343,14 @@ impl EnforcementObject for Qos {
         }
     }
 
+    /// Bytes go to the direction's bandwidth bucket (the operation was
+    /// charged when it was admitted).
+    fn charge(&self, ctx: &Context, extra: u64) {
+        if let Some((bw, _)) = self.buckets_for(ctx) {
+            bw.charge(extra);
+        }
+    }
+
     /// Dropped while waiting: its place is given back, and when it waits at
     /// the IOPS step, the bandwidth it was already admitted for comes back
     /// too (a cancelled request is not charged at all).

@@ -292,6 +292,9 @@ pub struct ContextCounters {
     /// Totals.
     #[serde(flatten)]
     pub counter: Counter,
+    /// The file data requests (reads and writes of file contents) among
+    /// them: the context's device traffic, without key-value requests.
+    pub file: Counter,
 }
 
 /// Counters of one workflow.
@@ -400,6 +403,11 @@ impl Collection {
         self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.counter)
     }
 
+    /// A request context's own file data counters, without its members.
+    pub fn context_file_exact(&self, ctx: RequestContext) -> Counter {
+        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.file)
+    }
+
     /// Rates between an earlier collection and this one.
     pub fn rates_since(&self, earlier: &Collection) -> Rates {
         let dt = self.elapsed_ns.saturating_sub(earlier.elapsed_ns);
@@ -431,6 +439,11 @@ impl Collection {
                 .iter()
                 .map(|c| (c.context, rate(c.counter, earlier.context_exact(c.context))))
                 .collect(),
+            file_contexts: self
+                .contexts
+                .iter()
+                .map(|c| (c.context, rate(c.file, earlier.context_file_exact(c.context))))
+                .collect(),
         }
     }
 }
@@ -455,6 +468,9 @@ pub struct Rates {
     pub objects: Vec<((String, String), RatePair)>,
     /// Per request context.
     pub contexts: Vec<(RequestContext, RatePair)>,
+    /// Per request context, file data requests (reads and writes of file
+    /// contents) only.
+    pub file_contexts: Vec<(RequestContext, RatePair)>,
 }
 
 impl Rates {
@@ -462,6 +478,24 @@ impl Rates {
     /// class, the sum over the class and its members.
     pub fn context(&self, ctx: RequestContext) -> RatePair {
         self.contexts.iter().filter(|c| ctx.covers(c.0)).fold(RatePair::default(), |acc, c| RatePair {
+            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
+            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
+        })
+    }
+
+    /// A request context's file data rates (reads and writes of file
+    /// contents, no key-value requests); for a class, over its members too.
+    pub fn context_file(&self, ctx: RequestContext) -> RatePair {
+        self.file_contexts.iter().filter(|c| ctx.covers(c.0)).fold(RatePair::default(), |acc, c| RatePair {
+            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
+            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
+        })
+    }
+
+    /// The file data rates of client work: every context that is not
+    /// background (foreground, tenants, application contexts).
+    pub fn client_file(&self) -> RatePair {
+        self.file_contexts.iter().filter(|c| !c.0.is_background()).fold(RatePair::default(), |acc, c| RatePair {
             ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
             bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
         })

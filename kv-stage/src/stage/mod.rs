@@ -290,6 +290,31 @@ impl Stage {
         });
     }
 
+    /// Charges an admitted request for `extra` bytes it turned out to move
+    /// beyond `ctx.size` (it was enforced as `ctx`): a key-value read, whose
+    /// size is known only once it returns, is admitted at its known size
+    /// and then charged what it read. The object it went to takes the bytes
+    /// without waiting (a DRL or QoS bandwidth bucket goes into debt, and
+    /// the requests after it wait for them); its channel, object and
+    /// context counters add the bytes (not another operation). Should the
+    /// rules have changed in between, the charge goes to the object the
+    /// same request would go to now.
+    pub fn charge(&self, ctx: &Context, extra: u64) {
+        if extra == 0 || self.shut_down.load(Ordering::Relaxed) {
+            return;
+        }
+        let generation = self.layout_generation.load(Ordering::Acquire);
+        let key = route_key(ctx);
+        let remembered = self.remembered(ctx, generation, key);
+        self.with_layout(generation, |layout| {
+            let route = remembered.unwrap_or_else(|| self.route_and_remember(layout, ctx, generation, key));
+            self.counters.record_bytes(route.channel_slot, route.object_slot(), ctx, extra);
+            if route.call && route.object != NO_OBJECT {
+                layout.channels[route.channel as usize].objects[route.object as usize].object.charge(ctx, extra);
+            }
+        });
+    }
+
     /// Enforces one request as a future: the async form of
     /// [`enforce`](Self::enforce), for callers on an async runtime.
     ///
@@ -669,10 +694,13 @@ impl Stage {
             .context_totals()
             .into_iter()
             .enumerate()
-            .filter(|&(_, (ops, _))| ops > 0)
-            .filter_map(|(i, (ops, bytes))| {
-                RequestContext::from_id(i as u16)
-                    .map(|context| ContextCounters { context, counter: Counter { ops, bytes } })
+            .filter(|&(_, ((ops, _), _))| ops > 0)
+            .filter_map(|(i, ((ops, bytes), (fops, fbytes)))| {
+                RequestContext::from_id(i as u16).map(|context| ContextCounters {
+                    context,
+                    counter: Counter { ops, bytes },
+                    file: Counter { ops: fops, bytes: fbytes },
+                })
             })
             .collect();
         let (wf, (oo, ob)) = self.counters.workflow_totals();
