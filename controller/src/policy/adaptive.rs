@@ -193,14 +193,19 @@ impl Adaptive {
     }
 
     fn decide_one(&mut self, v: &InstanceView, now_s: f64, settings: &mut Vec<Setting>) -> serde_json::Value {
-        let fg = v.rates.context(C::FOREGROUND);
-        let total: f64 = v.rates.contexts.iter().map(|(_, r)| r.bytes_per_sec).sum();
+        // Requests of foreground's context (an `AsyncDb` tenant's file I/O
+        // is foreground's); bytes of the device traffic only: client file
+        // data, and the file data of every context for the total, so a
+        // tenant's key-value requests do not count a second time.
+        let fg_ops_now = v.rates.context(C::FOREGROUND).ops_per_sec;
+        let fg_bps = v.rates.client_file().bytes_per_sec;
+        let total: f64 = v.rates.file_contexts.iter().map(|(_, r)| r.bytes_per_sec).sum();
         let pressure = v.pressure.unwrap_or_default();
         let a = (v.rates.interval.as_secs_f64() / FG_OPS_SMOOTHING.as_secs_f64()).clamp(0.0, 1.0);
         let st = self.state(v.key);
         let fg_ops = match st.fg_ops {
-            Some(prev) => prev + a * (fg.ops_per_sec - prev),
-            None => fg.ops_per_sec,
+            Some(prev) => prev + a * (fg_ops_now - prev),
+            None => fg_ops_now,
         };
         st.fg_ops = Some(fg_ops);
         let flush = drls_for(&v.info, C::BG_FLUSH);
@@ -226,7 +231,7 @@ impl Adaptive {
         }
         let since_busy = st.last_busy_s.map(|t| (now_s - t).max(0.0));
         let mut x = self.compute(
-            fg.bytes_per_sec,
+            fg_bps,
             fg_ops,
             total,
             pressure,

@@ -1,7 +1,11 @@
 //! SILK's I/O scheduling as a policy (Paio Algorithm 1).
 //!
-//! Each cycle, per instance: `Fg` is the foreground bandwidth the stage
-//! measured; `left_B = max(KVS_B - Fg, min_B)`. If flushes and L0
+//! Each cycle, per instance: `Fg` is the client bandwidth the stage
+//! measured: the file data (reads and writes of file contents) of every
+//! context that is not background, so foreground, each tenant's and each
+//! application context's device traffic counts, and key-value requests
+//! (an `AsyncDb` tenant's puts and gets, whose file I/O is already counted
+//! as foreground) do not count twice; `left_B = max(KVS_B - Fg, min_B)`. If flushes and L0
 //! compactions both run, each gets `left_B / 2` and LN compactions `min_B`;
 //! if only one runs, it gets `left_B` and the others `min_B`; if neither,
 //! LN compactions get `left_B` and the others `min_B`. Flush objects get
@@ -153,7 +157,7 @@ impl Policy for Silk {
         let mut settings = Vec::new();
         let mut notes = Vec::new();
         for v in &obs.instances {
-            let fg = v.rates.context(C::FOREGROUND).bytes_per_sec;
+            let fg = v.rates.client_file().bytes_per_sec;
             let flush = drls_for(&v.info, C::BG_FLUSH);
             let l0 = drls_for(&v.info, C::BG_COMPACTION_L0_L1);
             let ln = drls_for(&v.info, C::BG_COMPACTION_LN);
