@@ -210,7 +210,7 @@ async fn get(api: Api, adb: &AsyncDb, ctx_name: RequestContext, key: Vec<u8>) ->
         Api::Blocking => {
             let ctx = Context::new(RequestType::Get, key.len() as u64).in_context(ctx_name);
             adb.stage().enforce(&ctx)?;
-            adb.db().get(&key).map(drop).map_err(std::io::Error::other)
+            adb.db().ok_or_else(|| std::io::Error::other("closed"))?.get(&key).map(drop).map_err(std::io::Error::other)
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Batching of writes, i10-style, behind a stage's `batch` object.
 //!
 //! One [`Queue`] per batch object and request context (requests of two
-//! tenants are never written in one batch, so each batch's file I/O carries
-//! one tenant's context). A request joins the queue's collecting batch; the
+//! tenants are never written in one batch, so each batch's file I/O is
+//! counted for one tenant). A request joins the queue's collecting batch; the
 //! batch is dispatched
 //!
 //! * when it holds the plan's `requests` requests, or `bytes` bytes;
@@ -31,7 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{BatchPlan, ContextScope, RequestContext};
+use kv_stage::{BatchPlan, RequestContext};
+use rocks_env::ClientScope;
 use tokio::sync::{Semaphore, oneshot};
 
 /// What writes a dispatched batch (blocking; run on the bounded pool).
@@ -294,13 +295,13 @@ impl<W: Writer> Queue<W> {
                     let (writer, context) = (Arc::clone(&queue.writer), queue.context);
                     tokio::task::spawn_blocking(move || {
                         let _permit = permit;
-                        let _scope = ContextScope::enter(context);
+                        let _client = ClientScope::enter(context);
                         writer.write(&ops)
                     })
                     .await
                     .unwrap_or_else(|e| Err(io::Error::other(format!("the batch's write did not complete: {e}"))))
                 }
-                Err(_) => Err(io::Error::other("the blocking pool is closed")),
+                Err(_) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the AsyncDb is closed")),
             };
             queue.counters.batches.fetch_add(1, Ordering::Relaxed);
             queue.counters.requests.fetch_add(n, Ordering::Relaxed);

@@ -3,9 +3,9 @@
 //! A thread-local context ([`kv_stage::ContextScope`]) does not survive an
 //! `.await`: the task may resume on another worker thread, and other tasks
 //! run on this one meanwhile. Here the context is a tokio *task-local*: set
-//! for a future with [`scope`], read with [`current`], and put on the
-//! blocking thread that runs each RocksDB call, so RocksDB's own file I/O
-//! for the call (its WAL append, the reads of a get) is tagged with it too.
+//! for a future with [`scope`], read with [`current`]. The RocksDB call's
+//! own file I/O (its WAL append, the reads of a get) is counted for the
+//! tenant but enforced as foreground (see [`AsyncDb`](crate::AsyncDb)).
 
 use std::future::Future;
 

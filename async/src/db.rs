@@ -3,14 +3,19 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
 
-use kv_stage::{BatchPlan, Context, ContextScope, RequestContext, RequestType, Stage};
-use rocks_env::StagedDb;
+use arc_swap::ArcSwapOption;
+
+use kv_stage::{BatchPlan, Context, InstanceId, RequestContext, RequestType, Stage};
+use rocks_env::{ClientScope, StagedDb};
 use rocksdb::{DB, Direction, IteratorMode, WriteBatch, WriteOptions};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::batch::{BatchStats, Counters, Queue, Writer};
 
@@ -26,15 +31,19 @@ pub(crate) enum WriteOp {
     Delete(Vec<u8>),
 }
 
+/// The DB while it is open; empty once [`AsyncDb::close`] took it.
+type Slot = Arc<ArcSwapOption<StagedDb>>;
+
 /// Writes a batch of single-key writes as one RocksDB write batch.
 pub(crate) struct DbWriter {
-    db: Arc<StagedDb>,
+    db: Slot,
     options: WriteOptions,
 }
 
 impl Writer for DbWriter {
     type Op = WriteOp;
     fn write(&self, ops: &[WriteOp]) -> io::Result<()> {
+        let db = self.db.load_full().ok_or_else(closed)?;
         let mut batch = WriteBatch::default();
         for op in ops {
             match op {
@@ -42,12 +51,26 @@ impl Writer for DbWriter {
                 WriteOp::Delete(k) => batch.delete(k),
             }
         }
-        self.db.write_opt(batch, &self.options).map_err(rocksdb_error)
+        db.write_opt(batch, &self.options).map_err(rocksdb_error)
     }
 }
 
+/// The error of a call made (or still waiting) once the handle is closing.
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "the AsyncDb is closed (AsyncDb::close was called)")
+}
+
 struct Inner {
-    db: Arc<StagedDb>,
+    db: Slot,
+    stage: Arc<Stage>,
+    instance: InstanceId,
+    path: PathBuf,
+    blocking_threads: usize,
+    /// Set by `close`: calls waiting for admission fail, new ones too.
+    closing: AtomicBool,
+    close_notify: Notify,
+    /// Calls that failed because the handle was closing.
+    refused_closing: AtomicU64,
     writer: Arc<DbWriter>,
     pool: Arc<Semaphore>,
     /// One batching queue per batch object and request context; few, so a
@@ -92,10 +115,19 @@ impl AsyncDbBuilder {
     pub fn build(self) -> AsyncDb {
         let mut options = WriteOptions::default();
         options.set_sync(self.sync);
+        let (stage, instance, path) = (Arc::clone(self.db.stage()), self.db.instance(), self.db.path().to_owned());
+        let db: Slot = Arc::new(ArcSwapOption::from(Some(self.db)));
         AsyncDb {
             inner: Arc::new(Inner {
-                writer: Arc::new(DbWriter { db: Arc::clone(&self.db), options }),
-                db: self.db,
+                writer: Arc::new(DbWriter { db: Arc::clone(&db), options }),
+                db,
+                stage,
+                instance,
+                path,
+                blocking_threads: self.blocking_threads,
+                closing: AtomicBool::new(false),
+                close_notify: Notify::new(),
+                refused_closing: AtomicU64::new(0),
                 pool: Arc::new(Semaphore::new(self.blocking_threads)),
                 queues: Mutex::new(Vec::new()),
                 counters: Arc::new(Counters::default()),
@@ -111,14 +143,20 @@ impl AsyncDbBuilder {
 /// future and its worker thread serves other tasks meanwhile. The request's
 /// context is the calling task's ([`scope`](crate::scope)). The RocksDB
 /// call then runs on tokio's blocking pool, at most
-/// [`blocking_threads`](AsyncDbBuilder::blocking_threads) at once, with the
-/// context set on that thread so the call's file I/O (WAL appends, table
-/// reads) is tagged with it too.
+/// [`blocking_threads`](AsyncDbBuilder::blocking_threads) at once.
 ///
-/// Request sizes, as the stage sees them: a put costs key + value bytes, a
-/// delete and a get their key's, a multi-get its keys', a write batch its
-/// serialized size, each chunk of a scan 0 (its size is not known before
-/// it runs).
+/// **What a tenant's limit charges.** Each call is one request of its
+/// tenant's context, charged once, at this layer: a put costs key + value
+/// bytes, a delete its key's, a write batch its serialized size; a get and
+/// a multi-get are admitted at their keys' bytes and each chunk of a scan
+/// ([`SCAN_CHUNK`] entries) at its start key's (at least 1 byte), and then
+/// charged the bytes they returned (values; keys and values for a scan),
+/// so a bytes/s limit bounds reads too (a large read puts the bucket in
+/// debt and the tenant's next request waits for it). The
+/// file I/O RocksDB does for the call (its WAL append, its table reads) is
+/// not the tenant's again: it is enforced as `foreground` (client work, as
+/// SILK counts it) and counted per tenant in
+/// [`StagedDb::client_io`](rocks_env::StagedDb::client_io).
 ///
 /// Puts and deletes that reach a [`batch`](kv_stage::Batch) object are
 /// grouped (see the crate documentation): a batch is one RocksDB write
@@ -135,7 +173,7 @@ pub struct AsyncDb {
 
 impl std::fmt::Debug for AsyncDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncDb").field("path", &self.inner.db.path()).finish_non_exhaustive()
+        f.debug_struct("AsyncDb").field("path", &self.inner.path).finish_non_exhaustive()
     }
 }
 
@@ -151,14 +189,14 @@ impl AsyncDb {
         AsyncDbBuilder { db, blocking_threads: DEFAULT_BLOCKING_THREADS, sync: true }
     }
 
-    /// The DB.
-    pub fn db(&self) -> &Arc<StagedDb> {
-        &self.inner.db
+    /// The DB; `None` once [`close`](Self::close) took it.
+    pub fn db(&self) -> Option<Arc<StagedDb>> {
+        self.inner.db.load_full()
     }
 
     /// The stage the DB enforces through.
     pub fn stage(&self) -> &Arc<Stage> {
-        self.inner.db.stage()
+        &self.inner.stage
     }
 
     /// Batching statistics so far.
@@ -167,28 +205,48 @@ impl AsyncDb {
     }
 
     fn context(&self, t: RequestType, size: usize) -> Context {
-        Context::new(t, size as u64).in_context(crate::current()).in_instance(self.inner.db.instance())
+        Context::new(t, size as u64).in_context(crate::current()).in_instance(self.inner.instance)
     }
 
+    /// Admits a call through the stage; fails at once, or while it waits,
+    /// when the handle closes.
     async fn admit(&self, ctx: Context) -> io::Result<Option<BatchPlan>> {
-        let outcome = self.stage().enforce_async(ctx).await.map_err(io::Error::from)?;
-        Ok(outcome.batch)
+        let notified = self.inner.close_notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        // Registered before the flag is read: a close in between is seen.
+        notified.as_mut().enable();
+        if self.inner.closing.load(Ordering::Acquire) {
+            self.inner.refused_closing.fetch_add(1, Ordering::Relaxed);
+            return Err(closed());
+        }
+        // The close first: closing the DB's instance on the stage (when the
+        // DB drops) admits its waiters, and one admitted that way must not
+        // go on as if the limit had let it through.
+        tokio::select! {
+            biased;
+            () = notified => {
+                // The enforcement future is dropped: its place in the line
+                // is given back and nothing is charged.
+                self.inner.refused_closing.fetch_add(1, Ordering::Relaxed);
+                Err(closed())
+            }
+            outcome = self.stage().enforce_async(ctx) => Ok(outcome.map_err(io::Error::from)?.batch),
+        }
     }
 
-    /// Runs `f` on the bounded blocking pool with `context` on the thread.
+    /// Runs `f` on the bounded blocking pool, its file I/O done for client
+    /// `context` ([`ClientScope`]: enforced as foreground, counted per
+    /// client in [`StagedDb::client_io`]).
     async fn blocking<R, F>(&self, context: RequestContext, f: F) -> io::Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&StagedDb) -> Result<R, rocksdb::Error> + Send + 'static,
     {
-        let permit = Arc::clone(&self.inner.pool)
-            .acquire_owned()
-            .await
-            .map_err(|_| io::Error::other("the blocking pool is closed"))?;
-        let db = Arc::clone(&self.inner.db);
+        let permit = Arc::clone(&self.inner.pool).acquire_owned().await.map_err(|_| closed())?;
+        let db = self.inner.db.load_full().ok_or_else(closed)?;
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let _scope = ContextScope::enter(context);
+            let _client = ClientScope::enter(context);
             f(&db)
         })
         .await
@@ -249,19 +307,27 @@ impl AsyncDb {
         self.blocking(ctx.context, move |db| db.write_opt(batch, &writer.options)).await
     }
 
-    /// Reads a value.
+    /// Reads a value. Admitted at its key's size, then charged the value's
+    /// bytes ([`Stage::charge`]).
     pub async fn get(&self, key: impl Into<Vec<u8>>) -> io::Result<Option<Vec<u8>>> {
         let key = key.into();
-        let ctx = self.context(RequestType::Get, key.len());
+        let ctx = self.context(RequestType::Get, read_size(key.len()));
         self.admit(ctx).await?;
-        self.blocking(ctx.context, move |db| db.get(&key)).await
+        let value = self.blocking(ctx.context, move |db| db.get(&key)).await?;
+        self.stage().charge(&ctx, value.as_ref().map_or(0, |v| v.len() as u64));
+        Ok(value)
     }
 
     /// Reads several values in one RocksDB call; fails if any read fails.
+    /// One request, admitted at its keys' size, then charged the values'
+    /// bytes.
     pub async fn multi_get(&self, keys: Vec<Vec<u8>>) -> io::Result<Vec<Option<Vec<u8>>>> {
-        let ctx = self.context(RequestType::MultiGet, keys.iter().map(Vec::len).sum());
+        let ctx = self.context(RequestType::MultiGet, read_size(keys.iter().map(Vec::len).sum()));
         self.admit(ctx).await?;
-        self.blocking(ctx.context, move |db| db.multi_get(&keys).into_iter().collect()).await
+        let values: Vec<Option<Vec<u8>>> =
+            self.blocking(ctx.context, move |db| db.multi_get(&keys).into_iter().collect()).await?;
+        self.stage().charge(&ctx, values.iter().flatten().map(|v| v.len() as u64).sum());
+        Ok(values)
     }
 
     /// The entries from `start` on, in key order, as a stream. Read
@@ -269,25 +335,36 @@ impl AsyncDb {
     /// `scan` request of the calling task's context; not a snapshot (each
     /// chunk sees the DB as it is then).
     pub fn scan(&self, start: impl Into<Vec<u8>>) -> Scan {
-        Scan {
-            db: self.clone(),
-            context: crate::current(),
-            next: Some((start.into(), true)),
-            buffered: VecDeque::new(),
-            fetching: None,
-        }
+        self.scan_as(crate::current(), start.into())
+    }
+
+    /// A scan whose chunks are `context`'s requests.
+    pub(crate) fn scan_as(&self, context: RequestContext, start: Vec<u8>) -> Scan {
+        Scan { db: self.clone(), context, next: Some((start, true)), buffered: VecDeque::new(), fetching: None }
     }
 
     /// Reads one chunk: up to `SCAN_CHUNK` entries from `from` (inclusive or
     /// not); `None` as the next start when the chunk reached the end.
     async fn scan_chunk(self, context: RequestContext, from: Vec<u8>, inclusive: bool) -> io::Result<Chunk> {
-        let ctx = Context::new(RequestType::Scan, 0).in_context(context).in_instance(self.inner.db.instance());
+        let ctx = Context::new(RequestType::Scan, read_size(from.len()) as u64)
+            .in_context(context)
+            .in_instance(self.inner.instance);
         self.admit(ctx).await?;
-        self.blocking(context, move |db| read_chunk(db, &from, inclusive)).await
+        let chunk = self.blocking(context, move |db| read_chunk(db, &from, inclusive)).await?;
+        self.stage().charge(&ctx, chunk.0.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum());
+        Ok(chunk)
     }
 }
 
-type Entry = (Vec<u8>, Vec<u8>);
+/// A read's admission size: its key bytes, at least 1, so that it waits
+/// behind what earlier reads were charged (a request of 0 bytes passes a
+/// bytes limiter at once, as file metadata requests must).
+fn read_size(key_bytes: usize) -> usize {
+    key_bytes.max(1)
+}
+
+/// A key and its value.
+pub(crate) type Entry = (Vec<u8>, Vec<u8>);
 type Chunk = (Vec<Entry>, bool);
 
 fn read_chunk(db: &DB, from: &[u8], inclusive: bool) -> Result<Chunk, rocksdb::Error> {
@@ -384,7 +461,81 @@ impl Scan {
     }
 }
 
+/// What [`AsyncDb::close`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseReport {
+    /// Every call admitted before the close finished within the grace.
+    pub drained: bool,
+    /// Calls that failed because the handle was closing: those waiting
+    /// for admission when it began (a tenant held at its limit), and any
+    /// made after.
+    pub refused: u64,
+    /// RocksDB is closed: this close held the last reference to the DB.
+    /// `false` when the application keeps an `Arc<StagedDb>` of its own, or
+    /// a call still ran when the grace ended; RocksDB then closes when the
+    /// last of them lets go.
+    pub db_closed: bool,
+}
+
 impl AsyncDb {
+    /// Closes the handle, and RocksDB with it:
+    ///
+    /// 1. calls waiting for admission (a tenant held by its limiter, even at
+    ///    rate 0) fail with `ConnectionAborted`, as does every later call,
+    ///    on every clone of this handle;
+    /// 2. calls already admitted (RocksDB calls running or queued for the
+    ///    blocking pool, batches being written) finish, for at most `grace`;
+    /// 3. the DB is taken from the handle and dropped on a blocking thread,
+    ///    not on the async worker calling this: RocksDB flushes nothing it
+    ///    does not have to and closes, its own waiters in the stage are let
+    ///    through (see [`StagedDb`]).
+    ///
+    /// Returns once that is done; a second call finds the handle closed and
+    /// reports nothing more to do. Writes acknowledged before the close are
+    /// in the WAL (synced, by default: see
+    /// [`sync_writes`](AsyncDbBuilder::sync_writes)).
+    ///
+    /// ```no_run
+    /// # async fn f(db: kv_async::AsyncDb) -> std::io::Result<()> {
+    /// let report = db.close(std::time::Duration::from_secs(5)).await?;
+    /// assert!(report.db_closed, "something else still holds the DB");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn close(&self, grace: Duration) -> io::Result<CloseReport> {
+        let inner = &self.inner;
+        inner.closing.store(true, Ordering::Release);
+        inner.close_notify.notify_waiters();
+        // Every permit back: the calls admitted before (queued for the pool
+        // in FIFO order, ahead of this) have finished.
+        let n = u32::try_from(inner.blocking_threads).unwrap_or(u32::MAX);
+        let drained = match tokio::time::timeout(grace, inner.pool.acquire_many(n)).await {
+            Ok(Ok(permits)) => {
+                permits.forget();
+                true
+            }
+            Ok(Err(_)) => true, // closed by an earlier close
+            Err(_) => false,
+        };
+        inner.pool.close();
+        let db_closed = match inner.db.swap(None) {
+            Some(db) => {
+                let last = Arc::strong_count(&db) == 1;
+                tokio::task::spawn_blocking(move || drop(db))
+                    .await
+                    .map_err(|e| io::Error::other(format!("closing RocksDB did not complete: {e}")))?;
+                last
+            }
+            None => false,
+        };
+        Ok(CloseReport { drained, refused: inner.refused_closing.load(Ordering::Relaxed), db_closed })
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closing.load(Ordering::Acquire)
+    }
+
     /// Collects a whole [`scan`](Self::scan) of at most `limit` entries.
     pub async fn scan_collect(&self, start: impl Into<Vec<u8>>, limit: usize) -> io::Result<Vec<Entry>> {
         let mut scan = self.scan(start);

@@ -62,10 +62,12 @@
 mod batch;
 mod context;
 mod db;
+mod protected;
 
 /// The `rocksdb` crate the DB is built with (see [`rocks_env::rocksdb`]).
 pub use rocks_env::rocksdb;
 
 pub use batch::BatchStats;
 pub use context::{current, scope};
-pub use db::{AsyncDb, AsyncDbBuilder, DEFAULT_BLOCKING_THREADS, SCAN_CHUNK, Scan};
+pub use db::{AsyncDb, AsyncDbBuilder, CloseReport, DEFAULT_BLOCKING_THREADS, SCAN_CHUNK, Scan};
+pub use protected::{OpenError, PressureReference, ProtectedDb, Protection, Tenant};

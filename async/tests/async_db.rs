@@ -97,10 +97,81 @@ fn every_call_round_trips_and_is_enforced_in_the_tasks_context() {
     let ch = c.channel("calls_tenant").unwrap();
     // 1000 + 1 puts, 2 gets, 1 delete, 1 multi-get, 1 write batch, 4 + 1 scan chunks.
     assert_eq!(ch.ops, 1000 + 2 + 1 + 1 + 1 + 4 + 1);
-    // The RocksDB calls ran with the tenant's context on their threads: the
-    // WAL appends were tagged with it (and reached the default channel).
-    let wal_writes = c.context(t).ops - ch.ops;
-    assert!(wal_writes >= 1000, "only {wal_writes} file requests were tagged with the tenant");
+    // The tenant's context carries its key-value requests only: the WAL
+    // appends of its calls were enforced as foreground and counted for it
+    // apart.
+    assert_eq!(c.context(t).ops, ch.ops);
+    assert_eq!(c.contexts.iter().find(|x| x.context == t).unwrap().file.ops, 0);
+    let mine = staged.client_io().into_iter().find(|x| x.client == t).expect("the tenant's file I/O");
+    assert!(mine.written.ops >= 1000, "only {} WAL writes counted for the tenant", mine.written.ops);
+}
+
+#[test]
+fn a_tenant_limit_charges_its_key_value_requests_once_and_reads_by_what_they_return() {
+    let dir = tempfile::tempdir().unwrap();
+    let staged = open(&dir);
+    let t = tenant("charged_tenant");
+    apply(&staged, &tenant_rules("charged_tenant", "", "{ kind = \"noop\" }").replace(", type = []", ""));
+    let db = AsyncDb::new(Arc::clone(&staged));
+    let rt = runtime(2);
+    let value = vec![b'v'; 1000];
+    let (mut put_bytes, mut scanned) = (0u64, 0u64);
+    rt.block_on(kv_async::scope(t, async {
+        for i in 0..100u32 {
+            let key = format!("key{i:07}").into_bytes(); // 10 bytes
+            put_bytes += (key.len() + value.len()) as u64;
+            db.put(key, value.clone()).await.unwrap();
+        }
+        for i in 0..50u32 {
+            assert_eq!(db.get(format!("key{i:07}").into_bytes()).await.unwrap().unwrap().len(), 1000);
+        }
+        assert_eq!(db.get(b"absent".to_vec()).await.unwrap(), None);
+        for (k, v) in db.scan_collect(b"key".to_vec(), usize::MAX).await.unwrap() {
+            scanned += (k.len() + v.len()) as u64;
+        }
+    }));
+    assert_eq!(scanned, 100 * 1010);
+    let c = staged.stage().collect();
+    let ch = c.channel("charged_tenant").unwrap();
+    // 100 puts, 51 gets, one scan chunk (100 entries < 256): each request
+    // once; bytes: puts key + value, gets their key and the value they
+    // returned (the absent key: its 6 bytes), the scan its start key and
+    // the keys and values it returned.
+    assert_eq!(ch.ops, 100 + 51 + 1);
+    assert_eq!(ch.bytes, put_bytes + 50 * (10 + 1000) + 6 + 3 + scanned);
+    let ctx = c.contexts.iter().find(|x| x.context == t).unwrap();
+    assert_eq!((ctx.counter.ops, ctx.counter.bytes), (ch.ops, ch.bytes));
+    assert_eq!(ctx.file.ops, 0, "file I/O charged to the tenant");
+    // The file-level view stays: the WAL appends of the 100 puts.
+    let mine = staged.client_io().into_iter().find(|x| x.client == t).unwrap();
+    assert!(mine.written.bytes >= put_bytes, "{} WAL bytes counted for the tenant", mine.written.bytes);
+}
+
+#[test]
+fn a_bytes_limit_bounds_what_a_tenant_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let staged = open(&dir);
+    let t = tenant("reader_tenant");
+    for i in 0..5u32 {
+        staged.put(format!("big{i}"), vec![b'r'; 64 << 10]).unwrap();
+    }
+    apply(&staged, &tenant_rules("reader_tenant", "\"get\"", "{ kind = \"drl\", rate = \"160KiB/s\" }"));
+    let db = AsyncDb::new(Arc::clone(&staged));
+    let rt = runtime(2);
+    // Five gets of 64 KiB each: the first goes at once and puts the limiter
+    // 64 KiB in debt, each next one waits for the one before it (0.4 s at
+    // 160 KiB/s): about 1.6 s. Charged by their keys, as before, they took
+    // a few milliseconds.
+    let started = Instant::now();
+    rt.block_on(kv_async::scope(t, async {
+        for i in 0..5u32 {
+            assert_eq!(db.get(format!("big{i}").into_bytes()).await.unwrap().unwrap().len(), 64 << 10);
+        }
+    }));
+    let took = started.elapsed();
+    eprintln!("5 gets of 64 KiB under 160 KiB/s took {took:?}");
+    assert!(took >= Duration::from_millis(1400), "{took:?}: reads were not charged what they returned");
+    assert_eq!(staged.stage().collect().channel("reader_tenant").unwrap().bytes, 5 * (4 + (64 << 10)));
 }
 
 struct Unpark(std::thread::Thread);
@@ -368,4 +439,62 @@ fn a_flooding_tenant_does_not_stall_a_light_one_on_the_same_workers() {
     // Only admitted requests were counted: the cancelled ones were not.
     let admitted = staged.stage().collect().channel("flood_heavy").unwrap().ops;
     assert!(admitted < 100 && admitted >= (100 - still_waiting) as u64, "{admitted} admitted");
+}
+
+#[test]
+fn close_fails_a_tenant_held_at_rate_0_drains_the_rest_and_closes_rocksdb() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let frozen = tenant("frozen_tenant");
+    let db = {
+        let staged = open(&dir);
+        apply(&staged, &tenant_rules("frozen_tenant", "\"put\", \"get\"", "{ kind = \"drl\", rate = \"0ops/s\" }"));
+        AsyncDb::new(staged)
+    };
+    let rt = runtime(2);
+    let (acked, report, waiter, after) = rt.block_on(async {
+        // A writer whose every put is synced and acknowledged.
+        let writer = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for i in 0..100_000u32 {
+                    match db.put(format!("w{i:06}").into_bytes(), vec![b'x'; 100]).await {
+                        Ok(()) => acked.push(i),
+                        Err(e) => return (acked, e.kind()),
+                    }
+                }
+                (acked, std::io::ErrorKind::Other)
+            })
+        };
+        // A tenant at rate 0: it waits for good.
+        let waiter = {
+            let db = db.clone();
+            tokio::spawn(kv_async::scope(frozen, async move { db.put(b"frozen".to_vec(), b"never".to_vec()).await }))
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        let report = db.close(Duration::from_secs(5)).await.unwrap();
+        eprintln!("close took {:?}: {report:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(5), "close waited its whole grace");
+        let (acked, stopped) = writer.await.unwrap();
+        assert_eq!(stopped, std::io::ErrorKind::ConnectionAborted, "the writer stopped with {stopped:?}");
+        let waiter = waiter.await.unwrap();
+        let after = db.get(b"w000000".to_vec()).await;
+        (acked, report, waiter, after)
+    });
+    assert_eq!(waiter.unwrap_err().kind(), std::io::ErrorKind::ConnectionAborted);
+    assert_eq!(after.unwrap_err().kind(), std::io::ErrorKind::ConnectionAborted);
+    assert!(report.drained && report.db_closed, "{report:?}");
+    assert!(report.refused >= 2, "{report:?}");
+    assert!(acked.len() > 10, "only {} puts before the close", acked.len());
+    assert!(db.db().is_none() && db.is_closed());
+    // RocksDB is closed: plain RocksDB opens the directory (the lock is
+    // free) and finds every acknowledged write, and not the frozen one.
+    let plain = rocksdb::DB::open(&options(), &path).unwrap();
+    for i in &acked {
+        assert!(plain.get(format!("w{i:06}")).unwrap().is_some(), "acknowledged put w{i:06} lost");
+    }
+    assert_eq!(plain.get(b"frozen").unwrap(), None);
+    eprintln!("{} acknowledged puts, all found after reopening", acked.len());
 }

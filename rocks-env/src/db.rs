@@ -195,6 +195,14 @@ impl StagedDb {
         self.io.io_stats()
     }
 
+    /// The file I/O of calls made for each client (a tenant), on threads
+    /// that set a [`ClientScope`](crate::ClientScope) (as `kv_async::AsyncDb`
+    /// does): enforced as foreground, counted here per client. Clients
+    /// without file I/O are left out.
+    pub fn client_io(&self) -> Vec<crate::io::ClientIo> {
+        self.io.client_io()
+    }
+
     /// Flushes and compactions as the event listener reported them.
     pub fn jobs(&self) -> JobStats {
         self.io.job_stats()

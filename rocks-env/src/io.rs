@@ -80,6 +80,19 @@ impl IoStats {
     }
 }
 
+/// The file I/O a client's calls made (see [`ClientScope`](crate::ClientScope)):
+/// what RocksDB read and wrote on the threads running them, enforced as
+/// foreground.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ClientIo {
+    /// The client (tenant) context.
+    pub client: RequestContext,
+    /// File reads (admitted requests).
+    pub read: OpsBytes,
+    /// File writes (WAL appends, mostly).
+    pub written: OpsBytes,
+}
+
 /// Background jobs of one class as the event listener reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct JobClassStats {
@@ -252,6 +265,9 @@ pub(crate) struct DbIo {
     /// Reads (even cells) and writes (odd cells) per built-in compaction
     /// context (the other cells stay 0).
     contexts: CounterArray<{ 2 * BUILTIN_CONTEXTS }>,
+    /// Reads (even cells) and writes (odd cells) per client context, of
+    /// foreground file I/O done under a [`ClientScope`](crate::ClientScope).
+    clients: CounterArray<{ 2 * RequestContext::MAX }>,
     jobs: Mutex<Jobs>,
     /// Set while the DB closes: requests are counted here but no longer
     /// enforced, so a closing DB never waits on a throttled stage.
@@ -268,6 +284,7 @@ impl DbIo {
             instance,
             files: CounterArray::new(),
             contexts: CounterArray::new(),
+            clients: CounterArray::new(),
             jobs: Mutex::new(Jobs::default()),
             closing: AtomicBool::new(false),
             refused: AtomicU64::new(0),
@@ -402,6 +419,21 @@ impl DbIo {
         }
     }
 
+    /// Per client with file I/O, in context id order.
+    pub(crate) fn client_io(&self) -> Vec<ClientIo> {
+        let t = self.clients.totals();
+        (0..RequestContext::MAX)
+            .filter(|&i| t[2 * i].0 > 0 || t[2 * i + 1].0 > 0)
+            .filter_map(|i| {
+                Some(ClientIo {
+                    client: RequestContext::from_id(i as u16)?,
+                    read: OpsBytes { ops: t[2 * i].0, bytes: t[2 * i].1 },
+                    written: OpsBytes { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
+                })
+            })
+            .collect()
+    }
+
     pub(crate) fn job_stats(&self) -> JobStats {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         JobStats { flush: jobs.flush.snapshot(), compaction_l0: jobs.l0.snapshot(), compaction_ln: jobs.ln.snapshot() }
@@ -442,8 +474,15 @@ impl Sink for DbIo {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
-            if is_compaction(context) && matches!(req.op, FileOp::Read | FileOp::Write) {
-                self.contexts.add(2 * context.index() + usize::from(req.op == FileOp::Write), req.size);
+            if matches!(req.op, FileOp::Read | FileOp::Write) {
+                let write = usize::from(req.op == FileOp::Write);
+                if is_compaction(context) {
+                    self.contexts.add(2 * context.index() + write, req.size);
+                } else if !context.is_background()
+                    && let Some(client) = tag::client()
+                {
+                    self.clients.add(2 * client.index() + write, req.size);
+                }
             }
         }
         self.files.add(cell(req.file, req.op), req.size);

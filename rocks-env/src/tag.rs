@@ -32,6 +32,9 @@ struct ThreadTags {
 }
 
 thread_local! {
+    /// The client (tenant) this thread's foreground requests are done for,
+    /// by context id (0: none); statistics only, see [`ClientScope`].
+    static CLIENT: Cell<u16> = const { Cell::new(0) };
     static TAGS: ThreadTags = const {
         ThreadTags { task_db: Cell::new(0), job: Cell::new(None), sub: Cell::new(None) }
     };
@@ -117,4 +120,63 @@ pub(crate) fn end_task(db: u64) -> Option<JobTag> {
     })
     .ok()
     .flatten()
+}
+
+/// The client this thread's foreground file I/O is done for, if a
+/// [`ClientScope`] set one.
+#[inline]
+pub(crate) fn client() -> Option<RequestContext> {
+    match CLIENT.try_with(Cell::get) {
+        Ok(0) | Err(_) => None,
+        Ok(id) => RequestContext::from_id(id),
+    }
+}
+
+/// Marks the calling thread's RocksDB calls as done for a client (a
+/// tenant), for statistics: their file I/O keeps its context (foreground,
+/// unless a [`ContextScope`](kv_stage::ContextScope) set another) for
+/// enforcement, so a tenant's limit at the key-value layer is not charged
+/// again for the WAL appends and table reads of its calls, and client
+/// bandwidth stays foreground's for controllers such as SILK; and
+/// [`StagedDb::client_io`](crate::StagedDb::client_io) counts that file I/O
+/// by client. Restores the previous client on drop.
+///
+/// This is what kv-async's `AsyncDb` does on the blocking thread of each
+/// call.
+///
+/// ```
+/// use kv_stage::RequestContext;
+/// use rocks_env::ClientScope;
+/// let tenant = RequestContext::register("client_scope_doc").unwrap();
+/// {
+///     let _client = ClientScope::enter(tenant);
+///     // RocksDB calls here: enforced as foreground, counted for `tenant`.
+///     assert_eq!(RequestContext::current(), RequestContext::FOREGROUND);
+/// }
+/// ```
+#[must_use = "the client is set until the scope is dropped"]
+pub struct ClientScope {
+    previous: u16,
+    /// A thread's scope: not `Send`.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl ClientScope {
+    /// Sets `client` on this thread until the scope drops.
+    pub fn enter(client: RequestContext) -> ClientScope {
+        let previous = CLIENT.try_with(|c| c.replace(client.id())).unwrap_or(0);
+        ClientScope { previous, _thread: std::marker::PhantomData }
+    }
+}
+
+impl Drop for ClientScope {
+    fn drop(&mut self) {
+        let _ = CLIENT.try_with(|c| c.set(self.previous));
+    }
+}
+
+impl std::fmt::Debug for ClientScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientScope").field("client", &client()).finish()
+    }
 }
