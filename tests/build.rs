@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// What a block may assume, in the order they are set up.
-const NEEDS: [(&str, &str); 3] = [
+const NEEDS: [(&str, &str); 4] = [
     ("opts", "let mut opts = rocks_env::rocksdb::Options::default(); opts.create_if_missing(true);"),
     (
         "stage",
@@ -18,6 +18,11 @@ const NEEDS: [(&str, &str); 3] = [
     (
         "db",
         "let db = rocks_env::StagedDb::builder(opts.clone()).stage(std::sync::Arc::clone(&stage)).open(std::env::temp_dir().join(\"readme\"))?;",
+    ),
+    (
+        "protected",
+        "let db = kv_async::ProtectedDb::open(std::env::temp_dir().join(\"readme-protected\"), opts.clone(), \
+         kv_async::Protection::default().tenant(\"gold\", \"200ops/s\"))?;",
     ),
 ];
 
