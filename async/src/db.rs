@@ -359,7 +359,7 @@ impl AsyncDb {
 /// A read's admission size: its key bytes, at least 1, so that it waits
 /// behind what earlier reads were charged (a request of 0 bytes passes a
 /// bytes limiter at once, as file metadata requests must).
-fn read_size(key_bytes: usize) -> usize {
+pub(crate) fn read_size(key_bytes: usize) -> usize {
     key_bytes.max(1)
 }
 
@@ -534,6 +534,57 @@ impl AsyncDb {
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         self.inner.closing.load(Ordering::Acquire)
+    }
+
+    /// [`close`](Self::close) for code outside an async runtime: runs it on
+    /// a runtime of its own. Inside a runtime, an error (use `close().await`).
+    pub fn close_blocking(&self, grace: Duration) -> io::Result<CloseReport> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(io::Error::other("close_blocking inside an async runtime: use close().await"));
+        }
+        tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(self.close(grace))
+    }
+
+    /// A call of the blocking API ([`Tenant`](crate::Tenant)'s `*_blocking`
+    /// methods): admission waits on the calling thread (a closing DB lets
+    /// it go, and it fails), then `f` runs on it, its file I/O done for
+    /// `ctx.context`; `charge` says what to charge after.
+    pub(crate) fn call_blocking<R>(
+        &self,
+        ctx: Context,
+        f: impl FnOnce(&StagedDb) -> Result<R, rocksdb::Error>,
+        charge: impl FnOnce(&R) -> u64,
+    ) -> io::Result<R> {
+        let refuse = || {
+            self.inner.refused_closing.fetch_add(1, Ordering::Relaxed);
+            Err(closed())
+        };
+        if self.inner.closing.load(Ordering::Acquire) {
+            return refuse();
+        }
+        self.stage().enforce(&ctx).map_err(io::Error::from)?;
+        // Let go by the DB's close (its instance closed on the stage)?
+        if self.inner.closing.load(Ordering::Acquire) {
+            return refuse();
+        }
+        let db = self.inner.db.load_full().ok_or_else(closed)?;
+        let r = {
+            let _client = ClientScope::enter(ctx.context);
+            f(&db).map_err(rocksdb_error)?
+        };
+        self.stage().charge(&ctx, charge(&r));
+        Ok(r)
+    }
+
+    /// The context of a call of `context` (the blocking API's, which has no
+    /// task-local).
+    pub(crate) fn context_of(&self, context: RequestContext, t: RequestType, size: usize) -> Context {
+        Context::new(t, size as u64).in_context(context).in_instance(self.inner.instance)
+    }
+
+    /// The write options of the handle's writes.
+    pub(crate) fn write_options(&self) -> &WriteOptions {
+        &self.inner.writer.options
     }
 
     /// Collects a whole [`scan`](Self::scan) of at most `limit` entries.

@@ -11,7 +11,9 @@ use kv_stage::{DrlSpec, Match, ObjectSpec, Rate, RequestContext, Rule, RuleSet, 
 use rocks_env::{RocksLayout, StagedDb};
 use rocksdb::WriteBatch;
 
-use crate::db::{AsyncDb, CloseReport, Entry, Scan};
+use kv_stage::RequestType;
+
+use crate::db::{AsyncDb, CloseReport, Entry, Scan, read_size};
 
 /// What [`ProtectedDb::open`] sets up: tenants and their limits, the
 /// controller, the handle's settings.
@@ -110,6 +112,11 @@ impl Protection {
 /// A RocksDB protected from its own background I/O: the paper's layout on
 /// a stage of its own, the default controller running next to it, tenants
 /// with limits, and one [`close`](Self::close).
+///
+/// Async code uses the [`Tenant`] handles' async calls and `close().await`;
+/// code on threads of its own, outside a runtime, their `*_blocking` forms
+/// (`put_blocking`, `get_blocking`, `delete_blocking`) and
+/// [`close_blocking`](Self::close_blocking). Both are charged the same way.
 ///
 /// ```no_run
 /// use kv_async::{ProtectedDb, Protection};
@@ -255,6 +262,14 @@ impl ProtectedDb {
         }
         self.db.close(grace).await
     }
+
+    /// [`close`](Self::close) for code outside an async runtime.
+    pub fn close_blocking(&self, grace: Duration) -> io::Result<CloseReport> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(io::Error::other("close_blocking inside an async runtime: use close().await"));
+        }
+        tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(self.close(grace))
+    }
 }
 
 /// The store's pressure from RocksDB's properties.
@@ -322,6 +337,28 @@ impl Tenant {
     /// [`AsyncDb::scan`], as the tenant.
     pub fn scan(&self, start: impl Into<Vec<u8>>) -> Scan {
         self.db.scan_as(self.context, start.into())
+    }
+
+    /// A put as the tenant, for code outside an async runtime (its own
+    /// threads): admission waits on the calling thread, and the write runs
+    /// on it. Charged as [`put`](Self::put).
+    pub fn put_blocking(&self, key: &[u8], value: &[u8]) -> io::Result<()> {
+        let ctx = self.db.context_of(self.context, RequestType::Put, key.len() + value.len());
+        let options = self.db.write_options();
+        self.db.call_blocking(ctx, |db| db.put_opt(key, value, options), |_| 0)
+    }
+
+    /// A delete as the tenant, blocking (see [`put_blocking`](Self::put_blocking)).
+    pub fn delete_blocking(&self, key: &[u8]) -> io::Result<()> {
+        let ctx = self.db.context_of(self.context, RequestType::Delete, key.len());
+        let options = self.db.write_options();
+        self.db.call_blocking(ctx, |db| db.delete_opt(key, options), |_| 0)
+    }
+
+    /// A get as the tenant, blocking; charged its key, then the value.
+    pub fn get_blocking(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let ctx = self.db.context_of(self.context, RequestType::Get, read_size(key.len()));
+        self.db.call_blocking(ctx, |db| db.get(key), |v| v.as_ref().map_or(0, |v| v.len() as u64))
     }
 
     /// [`AsyncDb::scan_collect`], as the tenant.

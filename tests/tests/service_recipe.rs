@@ -124,3 +124,37 @@ fn a_bad_tenant_is_named_and_nothing_opens() {
     .unwrap_err();
     assert!(err.to_string().contains("tenant 't_twice': declared twice"), "{err}");
 }
+
+#[test]
+fn the_blocking_api_outside_a_runtime_with_a_waiter_at_rate_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let db = ProtectedDb::open(
+        &path,
+        options(),
+        Protection::default().tenant("sync_gold", "100ops/s").tenant("sync_frozen", "0ops/s"),
+    )
+    .unwrap();
+    let (gold, frozen) = (db.tenant("sync_gold").unwrap(), db.tenant("sync_frozen").unwrap());
+    let started = Instant::now();
+    for i in 0..30u32 {
+        gold.put_blocking(format!("sync-{i:02}").as_bytes(), b"s").unwrap();
+    }
+    let took = started.elapsed();
+    assert_eq!(gold.get_blocking(b"sync-07").unwrap().as_deref(), Some(&b"s"[..]));
+    // 30 puts at 100 ops/s: at least 28 intervals of 10 ms after the burst.
+    eprintln!("30 blocking puts at 100 ops/s took {took:?}");
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    let waiter = std::thread::spawn(move || frozen.put_blocking(b"frozen", b"never"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!waiter.is_finished(), "a put at rate 0 completed");
+    let report = db.close_blocking(Duration::from_secs(5)).unwrap();
+    assert!(report.db_closed, "{report:?}");
+    assert_eq!(waiter.join().unwrap().unwrap_err().kind(), std::io::ErrorKind::ConnectionAborted);
+    assert!(gold.put_blocking(b"late", b"x").is_err());
+    let plain = rocksdb::DB::open(&options(), &path).unwrap();
+    for i in 0..30u32 {
+        assert!(plain.get(format!("sync-{i:02}")).unwrap().is_some());
+    }
+    assert_eq!(plain.get(b"frozen").unwrap(), None);
+}
