@@ -211,26 +211,35 @@ impl AsyncDb {
     /// Admits a call through the stage; fails at once, or while it waits,
     /// when the handle closes.
     async fn admit(&self, ctx: Context) -> io::Result<Option<BatchPlan>> {
+        let refuse = || {
+            self.inner.refused_closing.fetch_add(1, Ordering::Relaxed);
+            Err(closed())
+        };
+        if self.inner.closing.load(Ordering::Acquire) {
+            return refuse();
+        }
+        let mut enforce = std::pin::pin!(self.stage().enforce_async(ctx));
+        // The common case, admitted at the first poll: nothing to wait for,
+        // so no close to listen for (and no lock taken to listen).
+        let first = std::future::poll_fn(|cx| Poll::Ready(enforce.as_mut().poll(cx))).await;
+        if let Poll::Ready(outcome) = first {
+            return Ok(outcome.map_err(io::Error::from)?.batch);
+        }
         let notified = self.inner.close_notify.notified();
         let mut notified = std::pin::pin!(notified);
         // Registered before the flag is read: a close in between is seen.
         notified.as_mut().enable();
         if self.inner.closing.load(Ordering::Acquire) {
-            self.inner.refused_closing.fetch_add(1, Ordering::Relaxed);
-            return Err(closed());
+            return refuse();
         }
         // The close first: closing the DB's instance on the stage (when the
         // DB drops) admits its waiters, and one admitted that way must not
-        // go on as if the limit had let it through.
+        // go on as if the limit had let it through. Either way the
+        // enforcement future dropped gives its place back, uncharged.
         tokio::select! {
             biased;
-            () = notified => {
-                // The enforcement future is dropped: its place in the line
-                // is given back and nothing is charged.
-                self.inner.refused_closing.fetch_add(1, Ordering::Relaxed);
-                Err(closed())
-            }
-            outcome = self.stage().enforce_async(ctx) => Ok(outcome.map_err(io::Error::from)?.batch),
+            () = notified => refuse(),
+            outcome = enforce => Ok(outcome.map_err(io::Error::from)?.batch),
         }
     }
 
