@@ -254,7 +254,10 @@ impl AsyncDb {
         let permit = Arc::clone(&self.inner.pool).acquire_owned().await.map_err(|_| closed())?;
         let db = self.inner.db.load_full().ok_or_else(closed)?;
         tokio::task::spawn_blocking(move || {
+            // Dropped in reverse order: the DB before the permit, so a close
+            // that has every permit back holds the last reference.
             let _permit = permit;
+            let db = db;
             let _client = ClientScope::enter(context);
             f(&db)
         })
@@ -493,7 +496,8 @@ impl AsyncDb {
     ///    rate 0) fail with `ConnectionAborted`, as does every later call,
     ///    on every clone of this handle;
     /// 2. calls already admitted (RocksDB calls running or queued for the
-    ///    blocking pool, batches being written) finish, for at most `grace`;
+    ///    blocking pool, batches being written, blocking-API calls) finish,
+    ///    for at most `grace` in all;
     /// 3. the DB is taken from the handle and dropped on a blocking thread,
     ///    not on the async worker calling this: RocksDB flushes nothing it
     ///    does not have to and closes, its own waiters in the stage are let
@@ -512,6 +516,7 @@ impl AsyncDb {
     /// # }
     /// ```
     pub async fn close(&self, grace: Duration) -> io::Result<CloseReport> {
+        let deadline = tokio::time::Instant::now() + grace;
         let inner = &self.inner;
         inner.closing.store(true, Ordering::Release);
         inner.close_notify.notify_waiters();
@@ -529,6 +534,11 @@ impl AsyncDb {
         inner.pool.close();
         let db_closed = match inner.db.swap(None) {
             Some(db) => {
+                // A blocking-API call still inside RocksDB holds the DB too:
+                // let it finish, within the grace.
+                while Arc::strong_count(&db) > 1 && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 let last = Arc::strong_count(&db) == 1;
                 tokio::task::spawn_blocking(move || drop(db))
                     .await
