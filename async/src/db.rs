@@ -55,6 +55,15 @@ impl Writer for DbWriter {
     }
 }
 
+/// Runs a close on a runtime of its own, for code outside one; inside a
+/// runtime, an error (blocking there would stall its worker).
+pub(crate) fn outside_a_runtime(close: impl Future<Output = io::Result<CloseReport>>) -> io::Result<CloseReport> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(io::Error::other("close_blocking inside an async runtime: use close().await"));
+    }
+    tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(close)
+}
+
 /// The error of a call made (or still waiting) once the handle is closing.
 fn closed() -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, "the AsyncDb is closed (AsyncDb::close was called)")
@@ -558,10 +567,7 @@ impl AsyncDb {
     /// [`close`](Self::close) for code outside an async runtime: runs it on
     /// a runtime of its own. Inside a runtime, an error (use `close().await`).
     pub fn close_blocking(&self, grace: Duration) -> io::Result<CloseReport> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(io::Error::other("close_blocking inside an async runtime: use close().await"));
-        }
-        tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(self.close(grace))
+        outside_a_runtime(self.close(grace))
     }
 
     /// A call of the blocking API ([`Tenant`](crate::Tenant)'s `*_blocking`

@@ -265,10 +265,7 @@ impl ProtectedDb {
 
     /// [`close`](Self::close) for code outside an async runtime.
     pub fn close_blocking(&self, grace: Duration) -> io::Result<CloseReport> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(io::Error::other("close_blocking inside an async runtime: use close().await"));
-        }
-        tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(self.close(grace))
+        crate::db::outside_a_runtime(self.close(grace))
     }
 }
 

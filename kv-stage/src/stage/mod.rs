@@ -276,17 +276,27 @@ impl Stage {
         if unused == 0 || self.shut_down.load(Ordering::Relaxed) {
             return;
         }
+        self.with_current_route(ctx, true, |layout, route| {
+            if route.object != NO_OBJECT {
+                layout.channels[route.channel as usize].objects[route.object as usize].object.refund(ctx, unused);
+            }
+        });
+    }
+
+    /// Calls `f` with the layout and the route a request like `ctx` takes
+    /// now (the thread's remembered one, or looked up and remembered): for
+    /// what is done to an admitted request afterwards. With `called_only`,
+    /// a remembered route to no object to call skips `f` and the layout.
+    fn with_current_route(&self, ctx: &Context, called_only: bool, f: impl FnOnce(&Layout, Route)) {
         let generation = self.layout_generation.load(Ordering::Acquire);
         let key = route_key(ctx);
         let remembered = self.remembered(ctx, generation, key);
-        if remembered.is_some_and(|r| !r.call) {
+        if called_only && remembered.is_some_and(|r| !r.call) {
             return;
         }
         self.with_layout(generation, |layout| {
             let route = remembered.unwrap_or_else(|| self.route_and_remember(layout, ctx, generation, key));
-            if route.object != NO_OBJECT {
-                layout.channels[route.channel as usize].objects[route.object as usize].object.refund(ctx, unused);
-            }
+            f(layout, route);
         });
     }
 
@@ -303,11 +313,7 @@ impl Stage {
         if extra == 0 || self.shut_down.load(Ordering::Relaxed) {
             return;
         }
-        let generation = self.layout_generation.load(Ordering::Acquire);
-        let key = route_key(ctx);
-        let remembered = self.remembered(ctx, generation, key);
-        self.with_layout(generation, |layout| {
-            let route = remembered.unwrap_or_else(|| self.route_and_remember(layout, ctx, generation, key));
+        self.with_current_route(ctx, false, |layout, route| {
             self.counters.record_bytes(route.channel_slot, route.object_slot(), ctx, extra);
             if route.call && route.object != NO_OBJECT {
                 layout.channels[route.channel as usize].objects[route.object as usize].object.charge(ctx, extra);
