@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kv_sds_tests::{key, small_lsm_options, value};
+use tests::{key, small_lsm_options, value};
 use rocks_env::StagedDb;
 
 const CHILD_DIR: &str = "ROCKS_ENV_CRASH_CHILD_DIR";

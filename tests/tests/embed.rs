@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kv_sds_tests::{key, small_lsm_options, value};
+use tests::{key, small_lsm_options, value};
 use kv_stage::{Match, ObjectSpec, RequestContext, Rule, RuleSet, Stage};
 use rocks_env::{FileKind, StagedDb, with_context};
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, FairShareConfig, InstanceConfig, PolicyKind};
-use kv_sds_tests::{key, small_lsm_options, value};
+use tests::{key, small_lsm_options, value};
 use kv_stage::{Bandwidth, DrlSpec, Match, ObjectSpec, Rate, Rule, Stage};
 use rocks_env::StagedDb;
 

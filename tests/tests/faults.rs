@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_sds_tests::{join_within, key, small_lsm_options, value, wait_for};
+use tests::{join_within, key, small_lsm_options, value, wait_for};
 use kv_stage::Stage;
 use rocks_env::{FaultInjection, FaultRule, FileKind, FileOp, IoActivity, RocksLayout, StagedDb};
 

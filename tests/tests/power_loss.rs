@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_sds_tests::{Lcg, join_within, key, small_lsm_options, value};
+use tests::{Lcg, join_within, key, small_lsm_options, value};
 use kv_stage::Stage;
 use rocks_env::{FaultInjection, PowerCutReport, RocksLayout, StagedDb};
 

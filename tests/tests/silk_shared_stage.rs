@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, SilkConfig};
-use kv_sds_tests::{key, small_lsm_options, value, wait_for};
+use tests::{key, small_lsm_options, value, wait_for};
 use kv_stage::{InstanceId, Rate, RequestContext as C, Stage};
 use rocks_env::{RocksLayout, StagedDb};
 

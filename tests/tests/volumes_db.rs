@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kv_sds_tests::{key, small_lsm_options, value};
+use tests::{key, small_lsm_options, value};
 use kv_stage::paio::PaioOptions;
 use kv_stage::{InstanceId, RuleSet, RulesFormat, Stage, Volume};
 use rocks_env::StagedDb;

@@ -1,6 +1,6 @@
 //! Policy scenarios run through any stage handle: in-process
 //! (`controller/tests/control_loop.rs`) and over the network
-//! (`remote/tests/policies.rs` includes this file), with the same
+//! (`kv-remote/tests/policies.rs` includes this file), with the same
 //! assertions.
 
 #![allow(dead_code, unreachable_pub, missing_docs)]

@@ -3,7 +3,7 @@
 //! descriptor whatever the program does with it.
 //!
 //! ```text
-//! KVSDS_RULES=rules.toml LD_PRELOAD=target/release/libkvsds_preload.so \
+//! KVSDS_RULES=rules.toml LD_PRELOAD=target/release/libkv_preload.so \
 //!     target/release/examples/fd_probe DIR
 //! ```
 //!

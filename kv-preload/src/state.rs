@@ -95,7 +95,7 @@ fn unlock_reload() {
 
 impl State {
     fn build(rules: RuleSet, source: PathBuf, seen: Option<(SystemTime, u64)>) -> Result<State, String> {
-        let stage = Arc::new(Stage::new("kvsds-preload"));
+        let stage = Arc::new(Stage::new("kv-preload"));
         stage.apply(&rules).map_err(|e| e.to_string())?;
         let volumes: Vec<Volume> = rules
             .volumes
@@ -149,7 +149,7 @@ fn canonical_or_planned(p: &Path) -> PathBuf {
             }
         }
         eprintln!(
-            "kvsds-preload: volume path {} does not exist yet; files made there later are limited as {}",
+            "kv-preload: volume path {} does not exist yet; files made there later are limited as {}",
             p.display(),
             out.display()
         );
@@ -172,7 +172,7 @@ fn is_file_volume(v: &Volume) -> bool {
 /// the program with one line on stderr, unless `KVSDS_ON_ERROR=passthrough`.
 pub(crate) fn init() {
     let Some(path) = std::env::var_os("KVSDS_RULES") else {
-        eprintln!("kvsds-preload: KVSDS_RULES is not set; no volume is limited");
+        eprintln!("kv-preload: KVSDS_RULES is not set; no volume is limited");
         return;
     };
     let path = PathBuf::from(path);
@@ -196,11 +196,11 @@ pub(crate) fn init() {
 
 fn refuse(msg: &str) {
     if std::env::var_os("KVSDS_ON_ERROR").as_deref() == Some(OsStr::new("passthrough")) {
-        eprintln!("kvsds-preload: {msg}; KVSDS_ON_ERROR=passthrough: running WITHOUT limits");
+        eprintln!("kv-preload: {msg}; KVSDS_ON_ERROR=passthrough: running WITHOUT limits");
         return;
     }
     eprintln!(
-        "kvsds-preload: {msg} (not started: fix the rules, or set KVSDS_ON_ERROR=passthrough to run without limits)"
+        "kv-preload: {msg} (not started: fix the rules, or set KVSDS_ON_ERROR=passthrough to run without limits)"
     );
     // SAFETY: ends the process at once, before main; nothing to unwind.
     unsafe { libc::_exit(EXIT_CONFIG) };
@@ -391,7 +391,7 @@ extern "C" fn after_fork_child() {
             let seen = *st.seen.lock().unwrap_or_else(|e| e.into_inner());
             match State::build(rules, st.source.clone(), seen) {
                 Ok(new) => STATE.store(Box::into_raw(Box::new(new)), Ordering::Release),
-                Err(e) => eprintln!("kvsds-preload: forked child keeps its parent's stage: {e}"),
+                Err(e) => eprintln!("kv-preload: forked child keeps its parent's stage: {e}"),
             }
             NEED_WATCHER.store(true, Ordering::Relaxed);
         }
@@ -433,21 +433,21 @@ fn start_watcher() {
                     Ok(Ok(msg)) => {
                         let at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
                         eprintln!(
-                            "kvsds-preload: {}: {msg} (applied at unix time {:.3} s)",
+                            "kv-preload: {}: {msg} (applied at unix time {:.3} s)",
                             path.display(),
                             at.as_secs_f64()
                         );
                     }
                     Ok(Err(msg)) => {
-                        eprintln!("kvsds-preload: {}: not reloaded, limits unchanged: {msg}", path.display())
+                        eprintln!("kv-preload: {}: not reloaded, limits unchanged: {msg}", path.display())
                     }
-                    Err(_) => eprintln!("kvsds-preload: {}: reload failed, limits unchanged", path.display()),
+                    Err(_) => eprintln!("kv-preload: {}: reload failed, limits unchanged", path.display()),
                 }
             }
         }
     });
     if let Err(e) = spawned {
-        eprintln!("kvsds-preload: no live reload: cannot start its thread: {e}");
+        eprintln!("kv-preload: no live reload: cannot start its thread: {e}");
     }
 }
 

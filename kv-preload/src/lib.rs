@@ -1,4 +1,4 @@
-//! `libkvsds_preload.so`: per-volume limits for unmodified programs.
+//! `libkv_preload.so`: per-volume limits for unmodified programs.
 //!
 //! Loaded with `LD_PRELOAD`, it reads the rules file named by
 //! `KVSDS_RULES` (the TOML or JSON rules format of kv-stage, usually just

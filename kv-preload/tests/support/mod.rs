@@ -36,15 +36,15 @@ pub fn library() -> PathBuf {
             let dir = profile_dir();
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "--lib", "-p", "kvsds-preload", "--target-dir"])
+            cmd.args(["build", "--quiet", "--lib", "-p", "kv-preload", "--target-dir"])
                 .arg(dir.parent().expect("target dir"))
                 .current_dir(env!("CARGO_MANIFEST_DIR"));
             if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
                 cmd.arg("--release");
             }
             let status = cmd.status().expect("run cargo build for the preload library");
-            assert!(status.success(), "cargo build -p kvsds-preload --lib: {status}");
-            let p = dir.join("libkvsds_preload.so");
+            assert!(status.success(), "cargo build -p kv-preload --lib: {status}");
+            let p = dir.join("libkv_preload.so");
             assert!(p.exists(), "{} missing after the build", p.display());
             p
         })

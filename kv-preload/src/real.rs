@@ -15,7 +15,7 @@ fn resolve(name: &str) -> *mut c_void {
     // in a shared object.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) };
     if p.is_null() {
-        let msg = b"kvsds-preload: libc has no such function; aborting: ";
+        let msg = b"kv-preload: libc has no such function; aborting: ";
         // SAFETY: raw write(2) of valid buffers to stderr; not a hook, so no
         // recursion through this library.
         unsafe {

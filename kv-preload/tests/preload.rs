@@ -3,7 +3,7 @@
 //! per-second log, a program that dups and closes descriptors every way,
 //! and bad rules files. Short runs (4 to 8 s): the 20 s figures and the
 //! side-by-side with the kernel's throttle come from
-//! `cargo run --release -p kvsds-preload --example fio_compare`.
+//! `cargo run --release -p kv-preload --example fio_compare`.
 
 mod support;
 

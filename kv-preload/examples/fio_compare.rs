@@ -1,7 +1,7 @@
 //! The preload library against the kernel's throttle, on the same fio jobs.
 //!
 //! ```text
-//! cargo run --release -p kvsds-preload --example fio_compare -- [--seconds 20] [--pairs 5]
+//! cargo run --release -p kv-preload --example fio_compare -- [--seconds 20] [--pairs 5]
 //! ```
 //!
 //! Needs fio and, for the kernel's side, root and the cgroup v1 blkio
@@ -119,7 +119,7 @@ fn main() {
                 m.clat_p99_us
             );
         };
-        row("kvsds-preload", &ours);
+        row("kv-preload", &ours);
         match kernel {
             Ok(k) => row("kernel blkio (v1)", &k),
             Err(e) => println!("| {} | {} | kernel blkio (v1) | not run: {e} | | | |", c.what, c.io_max),

@@ -16,7 +16,7 @@
 //! for t in t1 t2 t3; do
 //!     target/release/examples/tenant --name $t --listen unix:/run/kvsds/$t.sock --duration 120s &
 //! done
-//! target/release/kvsds-controller --config remote/examples/fleet.toml --duration 100s
+//! target/release/kvsds-controller --config kv-remote/examples/fleet.toml --duration 100s
 //! ```
 //!
 //! Stops by itself after `--duration` (default 60 s) or on SIGINT/SIGTERM,

@@ -7,7 +7,7 @@
 //! started.
 //!
 //! ```text
-//! KVSDS_RULES=rules.toml LD_PRELOAD=target/release/libkvsds_preload.so \
+//! KVSDS_RULES=rules.toml LD_PRELOAD=target/release/libkv_preload.so \
 //!     target/release/examples/escape_probe DIR
 //! ```
 //!
