@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = ControllerConfig::silk(SilkConfig {
         kvs_bandwidth: "48MiB/s".parse()?,
         min_bandwidth: "2MiB/s".parse()?,
-        hysteresis: Rate::bytes_per_sec(1.0 * 1048576.0)?,
+        hysteresis: Rate::from_bytes_per_sec(1.0 * 1048576.0)?,
         pressure: None,
     });
     config.log = std::env::args().nth(1).map(Into::into);

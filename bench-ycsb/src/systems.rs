@@ -496,7 +496,7 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         SystemKind::PaioStatic => {
             let h = RocksLayout::new().install(&stage)?;
             let third = ObjectConfig::rate(
-                Rate::bytes_per_sec(kvs.bytes_per_sec() / 3.0).map_err(|e| Error::Usage(e.to_string()))?,
+                Rate::from_bytes_per_sec(kvs.bytes_per_sec() / 3.0).map_err(|e| Error::Usage(e.to_string()))?,
             );
             for o in [&h.flush, &h.compaction_l0, &h.compaction_ln] {
                 o.configure(&third)?;
@@ -523,7 +523,7 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
             let mut c = ControllerConfig::silk(SilkConfig {
                 kvs_bandwidth: kvs,
                 min_bandwidth: cfg.min,
-                hysteresis: Rate::bytes_per_sec(cfg.min.bytes_per_sec() / 4.0)
+                hysteresis: Rate::from_bytes_per_sec(cfg.min.bytes_per_sec() / 4.0)
                     .map_err(|e| Error::Usage(e.to_string()))?,
                 pressure: pressure
                     .is_some()

@@ -65,7 +65,8 @@ fn main() {
     let stage = Arc::new(Stage::new("cycle-cost"));
     layout(&stage);
     // No hysteresis: every cycle sets every DRL, the most a cycle does.
-    let silk = SilkConfig { hysteresis: Rate::bytes_per_sec(0.0).expect("zero is a rate"), ..SilkConfig::default() };
+    let silk =
+        SilkConfig { hysteresis: Rate::from_bytes_per_sec(0.0).expect("zero is a rate"), ..SilkConfig::default() };
     let mut cfg = ControllerConfig::silk(silk);
     cfg.interval = Some(Duration::from_millis(1));
     let ctl = Controller::builder(cfg).instance("db", stage.clone()).max_log_records(16).start().expect("starts");

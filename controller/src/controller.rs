@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use kv_stage::{ApplyReport, Collection, ObjectConfig, ObjectHandle, Rate, RequestContext, RuleSet, Stage, StageInfo};
 use serde::Serialize;
 
-use crate::config::{ControllerConfig, InstanceConfig, PolicyKind};
+use crate::config::{ControllerConfig, PolicyKind};
 use crate::error::{Error, Result};
+use crate::policy::InstanceConfig;
 use crate::policy::{
     Adaptive, Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy,
     PolicyError, Pressure, Silk,
@@ -663,7 +664,7 @@ impl LoopState {
             }
             let config = |rate: f64| {
                 ObjectConfig::rate(if rate.is_finite() {
-                    Rate::bytes_per_sec(rate).unwrap_or(Rate::UNLIMITED)
+                    Rate::from_bytes_per_sec(rate).unwrap_or(Rate::UNLIMITED)
                 } else {
                     Rate::UNLIMITED
                 })

@@ -66,16 +66,15 @@ mod error;
 mod policy;
 mod signals;
 
-pub use config::{
-    AdaptiveConfig, ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, PressureConfig, SilkConfig,
-};
+pub use config::{ControllerConfig, FairShareConfig, PolicyKind};
 pub use controller::{
     AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DEFAULT_MAX_LOG, DecisionRecord, HandleError,
     InstanceInputs, IntoStageHandle, ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
 };
 pub use error::{Error, Result};
 pub use policy::{
-    Adaptive, AdaptiveInputs, AdaptiveMode, Decision, FairShare, FairShareMode, FlowInput, InstanceKey, InstanceView,
-    ObjectRef, Observation, Policy, PolicyError, Pressure, Setting, Silk, SilkBranch, SilkInputs, water_fill,
+    Adaptive, AdaptiveConfig, AdaptiveInputs, AdaptiveMode, Decision, FairShare, FairShareMode, FlowInput,
+    InstanceConfig, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, PressureConfig,
+    Setting, Silk, SilkBranch, SilkConfig, SilkInputs, water_fill,
 };
 pub use signals::{ProcIo, ProcIoRates};

@@ -40,7 +40,7 @@ fn bad_bindings_are_refused_at_start() {
     let a = stage_with_drl("a");
     let inst = InstanceConfig {
         name: "a".into(),
-        demand: Rate::bytes_per_sec(100.0).unwrap(),
+        demand: Rate::from_bytes_per_sec(100.0).unwrap(),
         channel: "io".into(),
         object: "drl".into(),
     };

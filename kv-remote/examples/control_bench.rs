@@ -150,7 +150,7 @@ fn roundtrip(iterations: usize) -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             StageHandle::collect(&remote)?;
             let t1 = Instant::now();
-            object.configure(&ObjectConfig::rate(Rate::bytes_per_sec(1e9 + i as f64)?))?;
+            object.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(1e9 + i as f64)?))?;
             let t2 = Instant::now();
             if i >= 200 {
                 collect.push((t1 - t0).as_secs_f64() * 1e6);

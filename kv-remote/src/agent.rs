@@ -1325,7 +1325,7 @@ impl StageAgentService for Service {
                 ObjectConfig::rate(Rate::UNLIMITED)
             }
             Some(pb::configure_request::Change::RateBps(bps)) => ObjectConfig::rate(
-                Rate::bytes_per_sec(bps)
+                Rate::from_bytes_per_sec(bps)
                     .map_err(|e| s.invalid(Status::invalid_argument(format!("field `rate_bps`: {bps}: {e}"))))?,
             ),
             Some(pb::configure_request::Change::SettingsJson(json)) => serde_json::from_str::<ObjectConfig>(&json)

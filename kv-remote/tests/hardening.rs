@@ -149,7 +149,7 @@ fn changes_need_a_lease_and_stay_within_bounds() {
     assert_eq!(agent.stats().refused_invalid, 6);
     // Within bounds and under a lease: applied.
     configure(RateBps(4096.0), 1000).unwrap();
-    assert_eq!(drl_rate(&s), Rate::bytes_per_sec(4096.0).unwrap());
+    assert_eq!(drl_rate(&s), Rate::from_bytes_per_sec(4096.0).unwrap());
 
     // Bounds on the agent's own settings: refused at build, not a panic.
     let e = StageAgent::builder(Arc::clone(&s)).max_lease(Duration::MAX).serve(&socket(&dir, "m.sock")).unwrap_err();

@@ -75,7 +75,7 @@ fn benches(c: &mut Criterion) {
             Rule::CreateObject {
                 channel: "fg".into(),
                 object: "drl".into(),
-                spec: ObjectSpec::Drl(DrlSpec::new(Rate::bytes_per_sec(1e16).expect("rate"))),
+                spec: ObjectSpec::Drl(DrlSpec::new(Rate::from_bytes_per_sec(1e16).expect("rate"))),
                 matches: None,
             },
         ])

@@ -79,7 +79,7 @@ struct Args {
 fn parse_rate(s: &str, size: u64) -> Result<Rate, String> {
     let r: Rate = s.parse().map_err(|e| format!("--rate: {e}"))?;
     if size == 0 && !r.is_unlimited() {
-        return Rate::ops_per_sec(r.per_sec()).map_err(|e| e.to_string());
+        return Rate::from_ops_per_sec(r.per_sec()).map_err(|e| e.to_string());
     }
     Ok(r)
 }

@@ -61,6 +61,7 @@
 
 #![forbid(unsafe_code)]
 
+mod clock;
 mod context;
 mod error;
 pub mod iomax;

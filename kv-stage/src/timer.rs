@@ -20,7 +20,7 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
-use crate::objects::now_ns;
+use crate::clock::now_ns;
 
 struct Entry {
     at: u64,

@@ -144,12 +144,12 @@ impl Rate {
     pub const UNLIMITED: Rate = Rate { per_sec: f64::INFINITY, unit: RateUnit::Bytes };
 
     /// A rate in bytes per second. Fails when negative or not finite.
-    pub fn bytes_per_sec(v: f64) -> Result<Self, UnitError> {
+    pub fn from_bytes_per_sec(v: f64) -> Result<Self, UnitError> {
         Self::new(v, RateUnit::Bytes)
     }
 
     /// A rate in operations per second. Fails when negative or not finite.
-    pub fn ops_per_sec(v: f64) -> Result<Self, UnitError> {
+    pub fn from_ops_per_sec(v: f64) -> Result<Self, UnitError> {
         Self::new(v, RateUnit::Ops)
     }
 
@@ -200,11 +200,11 @@ impl FromStr for Rate {
         let v = parse_number(num, s)?;
         let unit = suffix.replace(' ', "");
         if matches!(unit.to_ascii_lowercase().as_str(), "ops/s" | "op/s" | "iops" | "ops") {
-            return Rate::ops_per_sec(v);
+            return Rate::from_ops_per_sec(v);
         }
         // A bare number is bytes per second.
         if unit.is_empty() {
-            return Rate::bytes_per_sec(v);
+            return Rate::from_bytes_per_sec(v);
         }
         let size = match (unit.strip_suffix("/s"), unit.strip_suffix("Bps")) {
             (Some(size), _) => size.to_owned(),
@@ -215,7 +215,7 @@ impl FromStr for Rate {
             (None, None) => return err(format!("'{s}' is not a rate ({RATE_FORMS})")),
         };
         match rate_multiplier(&size) {
-            Ok(m) => Rate::bytes_per_sec(v * m),
+            Ok(m) => Rate::from_bytes_per_sec(v * m),
             Err(why) => err(format!("'{s}': {why} ({RATE_FORMS})")),
         }
     }
@@ -245,7 +245,7 @@ fn rate_multiplier(unit: &str) -> Result<f64, String> {
 /// object's `rbps = "8Mi"`, as in `io.max`): a rate, or a size read as
 /// that much per second.
 pub(crate) fn per_second(s: &str) -> Result<Rate, UnitError> {
-    s.parse::<Rate>().or_else(|e| parse_bytes(s).map_or(Err(e), Rate::bytes_per_sec))
+    s.parse::<Rate>().or_else(|e| parse_bytes(s).map_or(Err(e), Rate::from_bytes_per_sec))
 }
 
 /// Deserializes an optional [`per_second`] limit (a string, or a number of
@@ -260,7 +260,7 @@ pub(crate) fn opt_per_second<'de, D: Deserializer<'de>>(d: D) -> Result<Option<R
     match Option::<Raw>::deserialize(d)? {
         None => Ok(None),
         Some(Raw::Text(t)) => per_second(&t).map(Some).map_err(de::Error::custom),
-        Some(Raw::Number(n)) => Rate::bytes_per_sec(n).map(Some).map_err(de::Error::custom),
+        Some(Raw::Number(n)) => Rate::from_bytes_per_sec(n).map(Some).map_err(de::Error::custom),
     }
 }
 
@@ -293,13 +293,13 @@ impl<'de> Deserialize<'de> for Rate {
                 v.parse().map_err(E::custom)
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Rate, E> {
-                Rate::bytes_per_sec(v as f64).map_err(E::custom)
+                Rate::from_bytes_per_sec(v as f64).map_err(E::custom)
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Rate, E> {
-                Rate::bytes_per_sec(v as f64).map_err(E::custom)
+                Rate::from_bytes_per_sec(v as f64).map_err(E::custom)
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Rate, E> {
-                Rate::bytes_per_sec(v).map_err(E::custom)
+                Rate::from_bytes_per_sec(v).map_err(E::custom)
             }
         }
         d.deserialize_any(V)
@@ -564,8 +564,8 @@ mod tests {
         assert!("nan".parse::<Rate>().is_err());
         assert!("inf".parse::<Rate>().is_err());
         assert!("5 furlongs/s".parse::<Rate>().is_err());
-        assert!(Rate::bytes_per_sec(f64::NAN).is_err());
-        assert!(Rate::bytes_per_sec(-1.0).is_err());
+        assert!(Rate::from_bytes_per_sec(f64::NAN).is_err());
+        assert!(Rate::from_bytes_per_sec(-1.0).is_err());
     }
 
     #[test]

@@ -110,14 +110,14 @@ fn rule_changes_under_load_lose_and_duplicate_nothing() {
         extra.push(c);
         if round % 2 == 0 {
             let d = Arc::new(CountingDrl {
-                drl: Drl::new(DrlSpec::new(Rate::bytes_per_sec(1e9).unwrap())).unwrap(),
+                drl: Drl::new(DrlSpec::new(Rate::from_bytes_per_sec(1e9).unwrap())).unwrap(),
                 admitted: AtomicU64::new(0),
             });
             let name = format!("d{round}");
             let pattern = Match::context(ctx).and_type(T::Write).and_workflow(WorkflowId(u64::from(round % 8)));
             stage.create_custom_object(ch, &name, d.clone(), Some(pattern)).unwrap();
             stage
-                .apply_rules([Rule::configure(ch, &name, ObjectConfig::rate(Rate::bytes_per_sec(2e9).unwrap()))])
+                .apply_rules([Rule::configure(ch, &name, ObjectConfig::rate(Rate::from_bytes_per_sec(2e9).unwrap()))])
                 .unwrap();
             drls.push(d);
         }

@@ -18,7 +18,7 @@ fn stage_with_closed_drl() -> Arc<Stage> {
             Rule::CreateObject {
                 channel: "flush".into(),
                 object: "drl".into(),
-                spec: ObjectSpec::Drl(DrlSpec::new(Rate::bytes_per_sec(0.0).unwrap())),
+                spec: ObjectSpec::Drl(DrlSpec::new(Rate::from_bytes_per_sec(0.0).unwrap())),
                 matches: None,
             },
         ])
@@ -53,7 +53,7 @@ fn closed_drl_holds_requests_until_the_rate_changes() {
     wait_until_waiting(&stage, 4);
     std::thread::sleep(Duration::from_millis(50));
     assert!(waiters.iter().all(|w| !w.is_finished()), "a closed DRL admitted a request");
-    stage.configure("flush", "drl", ObjectConfig::rate(Rate::bytes_per_sec(1e9).unwrap())).unwrap();
+    stage.configure("flush", "drl", ObjectConfig::rate(Rate::from_bytes_per_sec(1e9).unwrap())).unwrap();
     for w in waiters {
         let outcome = w.join().unwrap().expect("admitted after the rate change");
         assert!(outcome.waited >= Duration::from_millis(50));
@@ -209,7 +209,7 @@ fn closing_an_instance_admits_its_waiters_and_only_its() {
         .apply_rules([Rule::CreateObject {
             channel: "flush".into(),
             object: "late".into(),
-            spec: ObjectSpec::Drl(DrlSpec::new(Rate::bytes_per_sec(0.0).unwrap())),
+            spec: ObjectSpec::Drl(DrlSpec::new(Rate::from_bytes_per_sec(0.0).unwrap())),
             matches: Some(Match::request_type(T::Sync)),
         }])
         .unwrap();

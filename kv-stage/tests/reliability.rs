@@ -50,7 +50,7 @@ fn spawn_enforce(stage: &Arc<Stage>, size: u64) -> JoinHandle<Result<Outcome, En
 /// 9,300 s).
 #[test]
 fn switching_a_drl_from_bytes_to_ops_does_not_strand_waiters() {
-    let stage = drl_stage(Rate::bytes_per_sec(1048576.0).unwrap());
+    let stage = drl_stage(Rate::from_bytes_per_sec(1048576.0).unwrap());
     // Drain the initial burst so the next request waits.
     stage.enforce(&Context::new(RequestType::Write, 10_485)).unwrap();
     let waiter = spawn_enforce(&stage, 1 << 20);

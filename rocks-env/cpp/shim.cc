@@ -106,11 +106,11 @@ class Handle {
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
 
-  IOStatus Enforce(uint8_t kind, uint8_t file_kind, uint64_t size,
+  IOStatus Enforce(uint8_t op, uint8_t file_kind, uint64_t size,
                    const IOOptions* opts) const {
     rocks_env_request req;
     req.size = size;
-    req.op = kind;
+    req.op = op;
     req.file_kind = file_kind;
     req.io_activity = opts != nullptr ? static_cast<uint8_t>(opts->io_activity)
                                       : ROCKS_ENV_ACTIVITY_UNKNOWN;
@@ -146,9 +146,9 @@ class Handle {
 // Enforces a request and, if it is admitted, makes the call: the pattern
 // every wrapped method follows.
 template <typename Call>
-IOStatus Guarded(const Handle& h, uint8_t op, uint8_t kind, uint64_t size,
+IOStatus Guarded(const Handle& h, uint8_t op, uint8_t file_kind, uint64_t size,
                  const IOOptions& options, Call call) {
-  IOStatus s = h.Enforce(op, kind, size, &options);
+  IOStatus s = h.Enforce(op, file_kind, size, &options);
   return s.ok() ? call() : s;
 }
 
@@ -173,14 +173,14 @@ namespace {
 class StagedSequentialFile : public FSSequentialFileOwnerWrapper {
  public:
   StagedSequentialFile(std::unique_ptr<FSSequentialFile>&& t,
-                       std::shared_ptr<const Handle> h, uint8_t kind)
+                       std::shared_ptr<const Handle> h, uint8_t file_kind)
       : FSSequentialFileOwnerWrapper(std::move(t)),
         h_(std::move(h)),
-        kind_(kind) {}
+        file_kind_(file_kind) {}
 
   IOStatus Read(size_t n, const IOOptions& options, Slice* result,
                 char* scratch, IODebugContext* dbg) override {
-    return Guarded(*h_, kRead, kind_, n, options, [&] {
+    return Guarded(*h_, kRead, file_kind_, n, options, [&] {
       return FSSequentialFileOwnerWrapper::Read(n, options, result, scratch,
                                                 dbg);
     });
@@ -189,7 +189,7 @@ class StagedSequentialFile : public FSSequentialFileOwnerWrapper {
   IOStatus PositionedRead(uint64_t offset, size_t n, const IOOptions& options,
                           Slice* result, char* scratch,
                           IODebugContext* dbg) override {
-    return Guarded(*h_, kRead, kind_, n, options, [&] {
+    return Guarded(*h_, kRead, file_kind_, n, options, [&] {
       return FSSequentialFileOwnerWrapper::PositionedRead(offset, n, options,
                                                           result, scratch, dbg);
     });
@@ -197,21 +197,21 @@ class StagedSequentialFile : public FSSequentialFileOwnerWrapper {
 
  private:
   std::shared_ptr<const Handle> h_;
-  uint8_t kind_;
+  uint8_t file_kind_;
 };
 
 class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
  public:
   StagedRandomAccessFile(std::unique_ptr<FSRandomAccessFile>&& t,
-                         std::shared_ptr<const Handle> h, uint8_t kind)
+                         std::shared_ptr<const Handle> h, uint8_t file_kind)
       : FSRandomAccessFileOwnerWrapper(std::move(t)),
         h_(std::move(h)),
-        kind_(kind) {}
+        file_kind_(file_kind) {}
 
   IOStatus Read(uint64_t offset, size_t n, const IOOptions& options,
                 Slice* result, char* scratch,
                 IODebugContext* dbg) const override {
-    return Guarded(*h_, kRead, kind_, n, options, [&] {
+    return Guarded(*h_, kRead, file_kind_, n, options, [&] {
       return FSRandomAccessFileOwnerWrapper::Read(offset, n, options, result,
                                                   scratch, dbg);
     });
@@ -221,7 +221,7 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
                      const IOOptions& options, IODebugContext* dbg) override {
     uint64_t total = 0;
     for (size_t i = 0; i < num_reqs; ++i) total += reqs[i].len;
-    IOStatus s = h_->Enforce(kRead, kind_, total, &options);
+    IOStatus s = h_->Enforce(kRead, file_kind_, total, &options);
     if (!s.ok()) {
       for (size_t i = 0; i < num_reqs; ++i) reqs[i].status = s;
       return s;
@@ -235,7 +235,7 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
                      void* cb_arg, void** io_handle,
                      rocksdb::IOHandleDeleter* del_fn,
                      IODebugContext* dbg) override {
-    return Guarded(*h_, kRead, kind_, req.len, opts, [&] {
+    return Guarded(*h_, kRead, file_kind_, req.len, opts, [&] {
       return FSRandomAccessFileOwnerWrapper::ReadAsync(req, opts, cb, cb_arg,
                                                        io_handle, del_fn, dbg);
     });
@@ -247,7 +247,7 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
   // kind and never holds or refuses it.
   IOStatus Prefetch(uint64_t offset, size_t n, const IOOptions& options,
                     IODebugContext* dbg) override {
-    return Guarded(*h_, kPrefetch, kind_, n, options, [&] {
+    return Guarded(*h_, kPrefetch, file_kind_, n, options, [&] {
       return FSRandomAccessFileOwnerWrapper::Prefetch(offset, n, options, dbg);
     });
   }
@@ -262,7 +262,7 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
 
  private:
   std::shared_ptr<const Handle> h_;
-  uint8_t kind_;
+  uint8_t file_kind_;
 };
 
 // What the wrapped files that write share: the handle, the file kind, and
@@ -272,27 +272,27 @@ class StagedWriting : public Base {
  public:
   template <typename File>
   StagedWriting(std::unique_ptr<File>&& t, std::shared_ptr<const Handle> h,
-                uint8_t kind)
-      : Base(std::move(t)), h_(std::move(h)), kind_(kind) {}
+                uint8_t file_kind)
+      : Base(std::move(t)), h_(std::move(h)), file_kind_(file_kind) {}
 
   IOStatus Sync(const IOOptions& options, IODebugContext* dbg) override {
-    return Guarded(*h_, kSync, kind_, 0, options,
+    return Guarded(*h_, kSync, file_kind_, 0, options,
                    [&] { return Base::Sync(options, dbg); });
   }
 
   IOStatus Fsync(const IOOptions& options, IODebugContext* dbg) override {
-    return Guarded(*h_, kFsync, kind_, 0, options,
+    return Guarded(*h_, kFsync, file_kind_, 0, options,
                    [&] { return Base::Fsync(options, dbg); });
   }
 
   IOStatus Close(const IOOptions& options, IODebugContext* dbg) override {
-    return Guarded(*h_, kClose, kind_, 0, options,
+    return Guarded(*h_, kClose, file_kind_, 0, options,
                    [&] { return Base::Close(options, dbg); });
   }
 
  protected:
   std::shared_ptr<const Handle> h_;
-  uint8_t kind_;
+  uint8_t file_kind_;
 };
 
 class StagedWritableFile : public StagedWriting<FSWritableFileOwnerWrapper> {
@@ -302,21 +302,21 @@ class StagedWritableFile : public StagedWriting<FSWritableFileOwnerWrapper> {
 
   IOStatus Append(const Slice& data, const IOOptions& options,
                   IODebugContext* dbg) override {
-    return Guarded(*h_, kWrite, kind_, data.size(), options,
+    return Guarded(*h_, kWrite, file_kind_, data.size(), options,
                    [&] { return Base::Append(data, options, dbg); });
   }
 
   IOStatus Append(const Slice& data, const IOOptions& options,
                   const DataVerificationInfo& info,
                   IODebugContext* dbg) override {
-    return Guarded(*h_, kWrite, kind_, data.size(), options,
+    return Guarded(*h_, kWrite, file_kind_, data.size(), options,
                    [&] { return Base::Append(data, options, info, dbg); });
   }
 
   IOStatus PositionedAppend(const Slice& data, uint64_t offset,
                             const IOOptions& options,
                             IODebugContext* dbg) override {
-    return Guarded(*h_, kWrite, kind_, data.size(), options, [&] {
+    return Guarded(*h_, kWrite, file_kind_, data.size(), options, [&] {
       return Base::PositionedAppend(data, offset, options, dbg);
     });
   }
@@ -325,27 +325,27 @@ class StagedWritableFile : public StagedWriting<FSWritableFileOwnerWrapper> {
                             const IOOptions& options,
                             const DataVerificationInfo& info,
                             IODebugContext* dbg) override {
-    return Guarded(*h_, kWrite, kind_, data.size(), options, [&] {
+    return Guarded(*h_, kWrite, file_kind_, data.size(), options, [&] {
       return Base::PositionedAppend(data, offset, options, info, dbg);
     });
   }
 
   IOStatus Truncate(uint64_t size, const IOOptions& options,
                     IODebugContext* dbg) override {
-    return Guarded(*h_, kTruncate, kind_, 0, options,
+    return Guarded(*h_, kTruncate, file_kind_, 0, options,
                    [&] { return Base::Truncate(size, options, dbg); });
   }
 
   IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const IOOptions& options,
                      IODebugContext* dbg) override {
-    return Guarded(*h_, kRangeSync, kind_, 0, options, [&] {
+    return Guarded(*h_, kRangeSync, file_kind_, 0, options, [&] {
       return Base::RangeSync(offset, nbytes, options, dbg);
     });
   }
 
   IOStatus Allocate(uint64_t offset, uint64_t len, const IOOptions& options,
                     IODebugContext* dbg) override {
-    return Guarded(*h_, kAllocate, kind_, 0, options,
+    return Guarded(*h_, kAllocate, file_kind_, 0, options,
                    [&] { return Base::Allocate(offset, len, options, dbg); });
   }
 
@@ -375,14 +375,14 @@ class StagedRandomRWFile : public StagedWriting<FSRandomRWFileOwnerWrapper> {
 
   IOStatus Write(uint64_t offset, const Slice& data, const IOOptions& options,
                  IODebugContext* dbg) override {
-    return Guarded(*h_, kWrite, kind_, data.size(), options,
+    return Guarded(*h_, kWrite, file_kind_, data.size(), options,
                    [&] { return Base::Write(offset, data, options, dbg); });
   }
 
   IOStatus Read(uint64_t offset, size_t n, const IOOptions& options,
                 Slice* result, char* scratch,
                 IODebugContext* dbg) const override {
-    return Guarded(*h_, kRead, kind_, n, options, [&] {
+    return Guarded(*h_, kRead, file_kind_, n, options, [&] {
       return Base::Read(offset, n, options, result, scratch, dbg);
     });
   }
@@ -564,12 +564,12 @@ class HookFileSystem : public FileSystemWrapper {
   template <typename Staged, typename File, typename OpenFn>
   IOStatus Open(const std::string& f, const FileOptions& o,
                 std::unique_ptr<File>* r, OpenFn open) {
-    uint8_t kind = FileKindOf(f);
-    IOStatus s = h_->Enforce(kOpen, kind, 0, &o.io_options);
+    uint8_t file_kind = FileKindOf(f);
+    IOStatus s = h_->Enforce(kOpen, file_kind, 0, &o.io_options);
     if (!s.ok()) return s;
     std::unique_ptr<File> file;
     s = open(&file);
-    if (s.ok()) r->reset(new Staged(std::move(file), h_, kind));
+    if (s.ok()) r->reset(new Staged(std::move(file), h_, file_kind));
     return s;
   }
 

@@ -20,7 +20,7 @@ fn ln_compaction_rate_follows_its_drl_and_clients_keep_their_pace() {
     let dir = tempfile::tempdir().unwrap();
     let stage = Arc::new(Stage::new("control"));
     let handles = RocksLayout::new().install(&stage).unwrap();
-    handles.compaction_ln.configure(&ObjectConfig::rate(Rate::bytes_per_sec(LN_RATE).unwrap())).unwrap();
+    handles.compaction_ln.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(LN_RATE).unwrap())).unwrap();
 
     let mut opts = small_lsm_options();
     opts.set_max_background_jobs(4);

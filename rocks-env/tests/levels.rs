@@ -142,7 +142,7 @@ fn a_drl_on_l2_l3_throttles_only_those_compactions() {
                 channel: "compaction".into(),
                 object: "l2_l3".into(),
                 spec: ObjectSpec::Drl(kv_stage::DrlSpec {
-                    rate: Rate::bytes_per_sec(RATE).unwrap(),
+                    rate: Rate::from_bytes_per_sec(RATE).unwrap(),
                     burst: None,
                     refill_period: None,
                 }),

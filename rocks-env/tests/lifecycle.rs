@@ -45,7 +45,7 @@ fn wide_pools() {
 }
 
 fn closed() -> ObjectConfig {
-    ObjectConfig::rate(Rate::bytes_per_sec(0.0).unwrap())
+    ObjectConfig::rate(Rate::from_bytes_per_sec(0.0).unwrap())
 }
 
 fn unlimited() -> ObjectConfig {
@@ -223,7 +223,7 @@ fn a_db_closed_mid_compaction_leaves_no_running_job_on_a_shared_stage() {
     let l1 = RocksLayout::for_instance(InstanceId(1), "db1.").install(&stage).unwrap();
     RocksLayout::for_instance(InstanceId(2), "db2.").install(&stage).unwrap();
     // Slow enough that the compaction is mid-way when the DB closes.
-    l1.compaction_l0.configure(&ObjectConfig::rate(Rate::bytes_per_sec(256.0 * 1024.0).unwrap())).unwrap();
+    l1.compaction_l0.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(256.0 * 1024.0).unwrap())).unwrap();
     let open = |d: &tempfile::TempDir, i| {
         StagedDb::builder(small_lsm_options()).stage(Arc::clone(&stage)).instance(InstanceId(i)).open(d.path()).unwrap()
     };

@@ -8,8 +8,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tests::{key, small_lsm_options, value};
 use rocks_env::StagedDb;
+use tests::{key, small_lsm_options, value};
 
 const CHILD_DIR: &str = "ROCKS_ENV_CRASH_CHILD_DIR";
 

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tests::{key, small_lsm_options, value};
 use kv_stage::{Match, ObjectSpec, RequestContext, Rule, RuleSet, Stage};
 use rocks_env::{FileKind, StagedDb, with_context};
+use tests::{key, small_lsm_options, value};
 
 #[test]
 fn a_service_embeds_a_db_through_the_shipped_rules_file() {

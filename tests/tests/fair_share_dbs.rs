@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, FairShareConfig, InstanceConfig, PolicyKind};
-use tests::{key, small_lsm_options, value};
 use kv_stage::{Bandwidth, DrlSpec, Match, ObjectSpec, Rate, Rule, Stage};
 use rocks_env::StagedDb;
+use tests::{key, small_lsm_options, value};
 
 const MIB: f64 = 1048576.0;
 const BUDGET: f64 = 16.0 * MIB;

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tests::{join_within, key, small_lsm_options, value, wait_for};
 use kv_stage::Stage;
 use rocks_env::{FaultInjection, FaultRule, FileKind, FileOp, IoActivity, RocksLayout, StagedDb};
+use tests::{join_within, key, small_lsm_options, value, wait_for};
 
 /// How a fault shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

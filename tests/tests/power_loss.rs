@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tests::{Lcg, join_within, key, small_lsm_options, value};
 use kv_stage::Stage;
 use rocks_env::{FaultInjection, PowerCutReport, RocksLayout, StagedDb};
+use tests::{Lcg, join_within, key, small_lsm_options, value};
 
 /// How the writer makes its writes durable.
 #[derive(Debug, Clone, Copy)]

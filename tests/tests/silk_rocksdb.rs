@@ -43,7 +43,7 @@ fn silk_shifts_bandwidth_between_flushes_and_ln_compactions() {
         kvs_bandwidth: kv_stage::Bandwidth::new(48.0 * MIB).unwrap(),
         min_bandwidth: kv_stage::Bandwidth::new(2.0 * MIB).unwrap(),
         // Every cycle sets every rate, so the log shows each decision.
-        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,
     };
     let ctl = Controller::builder(ControllerConfig::silk(silk)).instance("db", stage.clone()).start().unwrap();

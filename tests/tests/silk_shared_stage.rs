@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, SilkConfig};
-use tests::{key, small_lsm_options, value, wait_for};
 use kv_stage::{InstanceId, Rate, RequestContext as C, Stage};
 use rocks_env::{RocksLayout, StagedDb};
+use tests::{key, small_lsm_options, value, wait_for};
 
 const MIB: f64 = 1048576.0;
 
@@ -35,7 +35,7 @@ fn silk_splits_what_is_left_between_two_dbs_flushing_at_once() {
         kvs_bandwidth: kv_stage::Bandwidth::new(kvs).unwrap(),
         min_bandwidth: kv_stage::Bandwidth::new(min).unwrap(),
         // Every cycle sets every rate, so each record holds a whole decision.
-        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,
     });
     cfg.interval = Some(Duration::from_millis(5));

@@ -49,7 +49,7 @@ fn silk_counts_async_tenants_as_client_bandwidth() {
     let silk = SilkConfig {
         kvs_bandwidth: Bandwidth::new(KVS).unwrap(),
         min_bandwidth: Bandwidth::new(MIB).unwrap(),
-        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,
     };
     let ctl = Controller::builder(ControllerConfig::silk(silk)).instance("db", Arc::clone(&stage)).start().unwrap();

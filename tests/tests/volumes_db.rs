@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use tests::{key, small_lsm_options, value};
 use kv_stage::paio::PaioOptions;
 use kv_stage::{InstanceId, RuleSet, RulesFormat, Stage, Volume};
 use rocks_env::StagedDb;
+use tests::{key, small_lsm_options, value};
 
 const RULES: &str = r#"
 [[volumes]]

@@ -36,10 +36,10 @@ use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
+use super::params::AdaptiveConfig;
 use super::{
     Decision, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, Setting, drls_for,
 };
-use crate::config::AdaptiveConfig;
 
 /// What the policy did for an instance in a cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

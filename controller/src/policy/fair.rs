@@ -25,8 +25,8 @@
 use serde::Serialize;
 use serde_json::json;
 
+use super::params::InstanceConfig;
 use super::{Decision, ObjectRef, Observation, Policy, PolicyError, Setting};
-use crate::config::InstanceConfig;
 
 /// Which fair-share variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -2,6 +2,7 @@
 
 mod adaptive;
 mod fair;
+mod params;
 mod silk;
 
 use std::collections::HashMap;
@@ -13,6 +14,7 @@ use serde::Serialize;
 
 pub use adaptive::{Adaptive, AdaptiveInputs, AdaptiveMode};
 pub use fair::{FairShare, FairShareMode, FlowInput, water_fill};
+pub use params::{AdaptiveConfig, InstanceConfig, PressureConfig, SilkConfig};
 pub use silk::{Silk, SilkBranch, SilkInputs};
 
 use crate::signals::ProcIoRates;
@@ -256,7 +258,7 @@ pub trait Policy: Send {
     }
 
     /// An instance joined (fair-share policies add it to the share).
-    fn instance_joined(&mut self, _config: &crate::config::InstanceConfig) {}
+    fn instance_joined(&mut self, _config: &InstanceConfig) {}
 
     /// An instance left.
     fn instance_left(&mut self, _name: &str) {}

@@ -23,8 +23,8 @@ use kv_stage::RequestContext as C;
 use serde::Serialize;
 use serde_json::json;
 
+use super::params::{PressureConfig, SilkConfig};
 use super::{Decision, InstanceView, ObjectRef, Observation, Policy, PolicyError, Setting, drls_for};
-use crate::config::{PressureConfig, SilkConfig};
 
 /// Which branch of Algorithm 1 a cycle took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -229,7 +229,7 @@ mod tests {
         Silk::new(&SilkConfig {
             kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
             min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
-            hysteresis: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+            hysteresis: Rate::from_bytes_per_sec(10.0 * MIB).unwrap(),
             pressure: None,
         })
     }
@@ -270,7 +270,7 @@ mod tests {
         let mut cfg = SilkConfig {
             kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
             min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
-            hysteresis: Rate::bytes_per_sec(10.0 * MIB).unwrap(),
+            hysteresis: Rate::from_bytes_per_sec(10.0 * MIB).unwrap(),
             pressure: Some(PressureConfig::new(kv_stage::Bandwidth::new(40.0 * MIB).unwrap())),
         };
         let s = Silk::new(&cfg);

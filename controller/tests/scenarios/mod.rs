@@ -136,7 +136,7 @@ pub fn fair_share_instances_join_and_leave(via: &dyn Via) {
     let c = stage_with_drl("c");
     let inst = |n: &str| InstanceConfig {
         name: n.into(),
-        demand: Rate::bytes_per_sec(100.0).unwrap(),
+        demand: Rate::from_bytes_per_sec(100.0).unwrap(),
         channel: "io".into(),
         object: "drl".into(),
     };
@@ -223,7 +223,7 @@ pub fn pressure_from_the_handle_drives_silk_with_pressure(via: &dyn Via) {
     let silk = SilkConfig {
         kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
         min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
-        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: Some(controller::PressureConfig::new(kv_stage::Bandwidth::new(20.0 * MIB).unwrap())),
     };
     let ln_rate = || match stage.object("ln", "drl").unwrap().spec() {
@@ -266,7 +266,7 @@ pub fn silk_sees_level_pair_jobs_through_their_classes(via: &dyn Via) {
     let silk = SilkConfig {
         kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
         min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
-        hysteresis: Rate::bytes_per_sec(0.0).unwrap(),
+        hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,
     };
     let rate = |o: &str| match stage.object("compaction", o).unwrap().spec() {

@@ -46,22 +46,16 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::clock::now_ns;
 use crate::context::InstanceId;
 use crate::error::Rejection;
 use crate::units::RateUnit;
-
-/// Nanoseconds since a process-wide epoch.
-#[inline]
-pub(crate) fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 /// Cumulative numbers are rebased below this to keep `f64` exact enough.
 const REBASE_ABOVE: f64 = 1e12;

@@ -244,9 +244,9 @@ mod tests {
 
     #[test]
     fn configure_merges_and_derives_burst() {
-        let d = Drl::new(DrlSpec::new(Rate::bytes_per_sec(1000.0).unwrap())).unwrap();
+        let d = Drl::new(DrlSpec::new(Rate::from_bytes_per_sec(1000.0).unwrap())).unwrap();
         assert!((d.burst() - 10.0).abs() < 1e-9); // 1000 B/s x 10 ms
-        d.configure(&ObjectConfig::rate(Rate::bytes_per_sec(1e6).unwrap()));
+        d.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(1e6).unwrap()));
         assert!((d.burst() - 10_000.0).abs() < 1e-6);
         let c = DrlSettings { refill_period: Some(Duration::from_secs(1)), ..Default::default() };
         d.configure(&c.into());
@@ -268,7 +268,7 @@ mod tests {
     fn ops_rate_paces_requests() {
         // 200 ops/s with a burst of 1: 20 requests take about 95 ms.
         let d = Drl::new(DrlSpec {
-            rate: Rate::ops_per_sec(200.0).unwrap(),
+            rate: Rate::from_ops_per_sec(200.0).unwrap(),
             burst: Some(Amount::new(1.0).unwrap()),
             refill_period: None,
         })
@@ -289,7 +289,7 @@ mod tests {
         // each of them waits at least until the large one's deadline.
         let d = Arc::new(
             Drl::new(DrlSpec {
-                rate: Rate::bytes_per_sec(100_000.0).unwrap(),
+                rate: Rate::from_bytes_per_sec(100_000.0).unwrap(),
                 burst: Some(Amount::new(1000.0).unwrap()),
                 refill_period: None,
             })

@@ -35,7 +35,6 @@ use serde::{Deserialize, Serialize};
 pub use batch::{Batch, BatchPlan, BatchSettings, BatchSpec};
 pub use bucket::BucketStats;
 use bucket::BucketWait;
-pub(crate) use bucket::now_ns;
 pub use drl::{Drl, DrlSettings, DrlSpec};
 pub use qos::{Qos, QosSpec};
 

@@ -223,9 +223,9 @@ fn bytes_limit(r: Option<Rate>) -> f64 {
 
 /// An IOPS limit is a count whatever unit it was written in (`200`, `"200iops"`).
 fn ops_rate(r: Option<Rate>) -> Option<Rate> {
-    r.map(
-        |r| if r.is_unlimited() { Rate::unlimited(RateUnit::Ops) } else { Rate::ops_per_sec(r.per_sec()).unwrap_or(r) },
-    )
+    r.map(|r| {
+        if r.is_unlimited() { Rate::unlimited(RateUnit::Ops) } else { Rate::from_ops_per_sec(r.per_sec()).unwrap_or(r) }
+    })
 }
 
 /// Four independent limits on read/write bandwidth and IOPS.

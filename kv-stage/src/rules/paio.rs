@@ -408,7 +408,7 @@ fn drl_spec(period_us: f64, rate: f64) -> ObjectSpec {
         if period_us == 0.0 { PAIO_DEFAULT_REFILL_PERIOD } else { Duration::from_nanos((period_us * 1e3) as u64) };
     let rate = if rate == 0.0 { PAIO_DEFAULT_RATE } else { rate };
     ObjectSpec::Drl(DrlSpec {
-        rate: Rate::bytes_per_sec(rate).expect("validated by the parser"),
+        rate: Rate::from_bytes_per_sec(rate).expect("validated by the parser"),
         burst: None,
         refill_period: Some(period),
     })
@@ -550,7 +550,7 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                     "rate" => {
                         line.expect_len(6, "<id> <channel> <object> drl rate <rate>")?;
                         let rate = line.number(5, "rate")?;
-                        ObjectConfig::rate(Rate::bytes_per_sec(rate).expect("checked"))
+                        ObjectConfig::rate(Rate::from_bytes_per_sec(rate).expect("checked"))
                     }
                     "refill" => {
                         line.expect_len(6, "<id> <channel> <object> drl refill <refill_period_us>")?;
@@ -636,7 +636,7 @@ mod tests {
             Rule::Configure {
                 channel: "3000".into(),
                 object: "1".into(),
-                set: ObjectConfig::rate(Rate::bytes_per_sec(150000.0).unwrap()),
+                set: ObjectConfig::rate(Rate::from_bytes_per_sec(150000.0).unwrap()),
                 ignore_unsupported: true,
             }
         );

@@ -26,10 +26,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
+use crate::clock::now_ns;
 use crate::context::{Context, InstanceId, RequestContext, WorkflowId};
 use crate::error::{EnforceError, Error, Location, Result};
 use crate::matching::Match;
-use crate::objects::{AsyncWait, EnforcementObject, Object, ObjectConfig, ObjectKind, Outcome, now_ns};
+use crate::objects::{AsyncWait, EnforcementObject, Object, ObjectConfig, ObjectKind, Outcome};
 use crate::rules::{Rule, RuleSet};
 use crate::stats::Counters;
 

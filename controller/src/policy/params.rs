@@ -1,0 +1,211 @@
+//! The policies' parameters: what SILK, SILK with pressure, the default
+//! controller and the fair-share policies take, with their defaults and
+//! their TOML form. They live on the policy side so a policy needs nothing
+//! of the controller's configuration file; `config` reads them from a file
+//! and checks them (every error naming its key).
+
+use std::time::Duration;
+
+use kv_stage::units::{Bandwidth, Rate};
+use serde::{Deserialize, Serialize};
+
+/// SILK's parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SilkConfig {
+    /// `KVS_B`: the bandwidth the key-value store may use in total.
+    #[serde(default = "SilkConfig::default_kvs")]
+    pub kvs_bandwidth: Bandwidth,
+    /// `min_B`: the floor every background flow keeps.
+    #[serde(default = "SilkConfig::default_min")]
+    pub min_bandwidth: Bandwidth,
+    /// Rate changes smaller than this are skipped.
+    #[serde(default = "SilkConfig::default_hysteresis")]
+    pub hysteresis: Rate,
+    /// SILK with pressure: the background budget slides between a calm
+    /// level and SILK's `left_B` with the store's pressure (see
+    /// [`PressureConfig`]). `None`: SILK as published.
+    #[serde(default)]
+    pub pressure: Option<PressureConfig>,
+}
+
+/// SILK with the store's pressure as an extra input.
+///
+/// SILK hands background work all the bandwidth clients leave over
+/// (`left_B = KVS_B - client rate`), whether or not the store needs it
+/// now. With pressure, the budget the branch hands out is
+///
+/// `budget = calm + (left_B - calm) * ramp(pressure)`,
+///
+/// capped at `left_B`, where `ramp` is 0 at or below `from`, 1 at or above
+/// `to`, linear between: a store with no backlog gets `calm` (no more
+/// background bursts than it needs, so clients keep headroom); one heading
+/// for a write stall gets everything SILK would give. Which flows get the
+/// budget (flushes and L0->L1 first, higher levels last) is SILK's.
+/// Without a pressure reading (a handle that does not report it) the policy
+/// is plain SILK.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PressureConfig {
+    /// The background budget with no pressure.
+    pub calm_bandwidth: Bandwidth,
+    /// Pressure at which the budget starts to grow (default 0.25).
+    #[serde(default = "PressureConfig::default_from")]
+    pub from: f64,
+    /// Pressure at which the budget is SILK's whole `left_B` (default 0.75).
+    #[serde(default = "PressureConfig::default_to")]
+    pub to: f64,
+}
+
+impl PressureConfig {
+    fn default_from() -> f64 {
+        0.25
+    }
+    fn default_to() -> f64 {
+        0.75
+    }
+
+    /// `calm` with the default ramp (0.25 to 0.75).
+    pub fn new(calm_bandwidth: Bandwidth) -> Self {
+        PressureConfig { calm_bandwidth, from: Self::default_from(), to: Self::default_to() }
+    }
+
+    /// 0 at or below `from`, 1 at or above `to`.
+    pub fn ramp(&self, pressure: f64) -> f64 {
+        super::ramp(pressure, self.from, self.to)
+    }
+}
+
+impl SilkConfig {
+    fn default_kvs() -> Bandwidth {
+        Bandwidth::new(200.0 * 1048576.0).expect("constant")
+    }
+    fn default_min() -> Bandwidth {
+        Bandwidth::new(10.0 * 1048576.0).expect("constant")
+    }
+    fn default_hysteresis() -> Rate {
+        Rate::from_bytes_per_sec(10.0 * 1048576.0).expect("constant")
+    }
+}
+
+impl Default for SilkConfig {
+    /// SILK's prototype values: `KVS_B` 200 MiB/s, `min_B` 10 MiB/s,
+    /// changes under 10 MiB/s skipped.
+    fn default() -> Self {
+        SilkConfig {
+            kvs_bandwidth: Self::default_kvs(),
+            min_bandwidth: Self::default_min(),
+            hysteresis: Self::default_hysteresis(),
+            pressure: None,
+        }
+    }
+}
+
+/// The default controller's parameters ([`crate::Adaptive`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveConfig {
+    /// `D`: the bandwidth the store may use of its device in total (what
+    /// SILK calls `KVS_B`); background work gets `D - Fg` while the device
+    /// is contended.
+    #[serde(default = "AdaptiveConfig::default_device")]
+    pub device_bandwidth: Bandwidth,
+    /// `min_B`: the floor of a held-back background flow.
+    #[serde(default = "AdaptiveConfig::default_min")]
+    pub min_bandwidth: Bandwidth,
+    /// The device counts as busy when the store's traffic (every context)
+    /// is at least this share of `device_bandwidth` ...
+    #[serde(default = "AdaptiveConfig::default_busy_share")]
+    pub busy_share: f64,
+    /// ... while clients make at least this many foreground requests per
+    /// second.
+    #[serde(default = "AdaptiveConfig::default_busy_ops")]
+    pub busy_foreground_ops: f64,
+    /// Contention lasts this long after the last busy cycle.
+    #[serde(default = "AdaptiveConfig::default_hold", with = "kv_stage::units::duration_str")]
+    pub hold: Duration,
+    /// While contended, background work gets `calm_share * device_bandwidth`
+    /// when the store has no backlog ...
+    #[serde(default = "AdaptiveConfig::default_calm_share")]
+    pub calm_share: f64,
+    /// ... and more from this store pressure on ...
+    #[serde(default = "AdaptiveConfig::default_ramp_from")]
+    pub ramp_from: f64,
+    /// ... up to all that clients leave (`device_bandwidth - Fg`) at this
+    /// pressure.
+    #[serde(default = "AdaptiveConfig::default_ramp_to")]
+    pub ramp_to: f64,
+    /// Store pressure at which flushes and L0 compactions are unlimited even
+    /// while the device is contended (1: RocksDB starts to slow writes).
+    #[serde(default = "AdaptiveConfig::default_promote_at")]
+    pub promote_at: f64,
+}
+
+impl AdaptiveConfig {
+    fn default_device() -> Bandwidth {
+        Bandwidth::new(200.0 * 1048576.0).expect("constant")
+    }
+    fn default_min() -> Bandwidth {
+        Bandwidth::new(10.0 * 1048576.0).expect("constant")
+    }
+    fn default_busy_share() -> f64 {
+        0.75
+    }
+    fn default_busy_ops() -> f64 {
+        2000.0
+    }
+    fn default_hold() -> Duration {
+        Duration::from_millis(500)
+    }
+    fn default_promote_at() -> f64 {
+        0.9
+    }
+    fn default_calm_share() -> f64 {
+        1.0 / 3.0
+    }
+    fn default_ramp_from() -> f64 {
+        0.25
+    }
+    fn default_ramp_to() -> f64 {
+        0.75
+    }
+
+    /// 0 at or below `ramp_from`, 1 at or above `ramp_to`, linear between.
+    pub fn ramp(&self, pressure: f64) -> f64 {
+        super::ramp(pressure, self.ramp_from, self.ramp_to)
+    }
+}
+
+impl Default for AdaptiveConfig {
+    /// A 200 MiB/s budget with a 10 MiB/s floor (SILK's prototype values);
+    /// busy at 75% of it or with 2,000 client requests/s; 500 ms hold; a
+    /// third of the budget with no backlog, all that clients leave from
+    /// pressure 0.75; promotion at pressure 0.9.
+    fn default() -> Self {
+        AdaptiveConfig {
+            device_bandwidth: Self::default_device(),
+            min_bandwidth: Self::default_min(),
+            busy_share: Self::default_busy_share(),
+            busy_foreground_ops: Self::default_busy_ops(),
+            hold: Self::default_hold(),
+            calm_share: Self::default_calm_share(),
+            ramp_from: Self::default_ramp_from(),
+            ramp_to: Self::default_ramp_to(),
+            promote_at: Self::default_promote_at(),
+        }
+    }
+}
+
+/// One instance of a fair-share policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// Name the instance is bound by when the controller starts.
+    pub name: String,
+    /// What it asks for (bytes/s); `"unlimited"` asks for all it can get.
+    pub demand: Rate,
+    /// Channel of the DRL that enforces the instance's rate.
+    pub channel: String,
+    /// That DRL's object id.
+    pub object: String,
+}
