@@ -63,15 +63,17 @@
 mod config;
 mod controller;
 mod error;
+mod handle;
 mod policy;
 mod signals;
 
 pub use config::{ControllerConfig, FairShareConfig, PolicyKind};
 pub use controller::{
-    AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DEFAULT_MAX_LOG, DecisionRecord, HandleError,
-    InstanceInputs, IntoStageHandle, ObjectControl, RATE_FLOOR, StageHandle, WithPressure, check_binding, context_rate,
+    AppliedSetting, Controller, ControllerBuilder, ControllerHandle, DEFAULT_MAX_LOG, DecisionRecord, InstanceInputs,
+    RATE_FLOOR, check_binding, context_rate,
 };
 pub use error::{Error, Result};
+pub use handle::{HandleError, IntoStageHandle, ObjectControl, StageHandle, WithPressure};
 pub use policy::{
     Adaptive, AdaptiveConfig, AdaptiveInputs, AdaptiveMode, Decision, FairShare, FairShareMode, FlowInput,
     InstanceConfig, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, PressureConfig,

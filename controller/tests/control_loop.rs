@@ -135,15 +135,15 @@ struct Hiccup {
 impl controller::StageHandle for Hiccup {
     fn collect(&self) -> Result<kv_stage::Collection, controller::HandleError> {
         if self.fail.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            return Err(controller::HandleError("unreachable for a moment".into()));
+            return Err(controller::HandleError::Unreachable("unreachable for a moment".into()));
         }
         Ok(self.stage.collect())
     }
     fn stage_info(&self) -> Result<kv_stage::StageInfo, controller::HandleError> {
         Ok(self.stage.stage_info())
     }
-    fn apply(&self, rules: &kv_stage::RuleSet) -> kv_stage::Result<kv_stage::ApplyReport> {
-        self.stage.apply(rules)
+    fn apply(&self, rules: &kv_stage::RuleSet) -> Result<kv_stage::ApplyReport, controller::HandleError> {
+        Ok(self.stage.apply(rules)?)
     }
     fn object(&self, channel: &str, object: &str) -> Option<std::sync::Arc<dyn controller::ObjectControl>> {
         self.stage

@@ -335,6 +335,18 @@ fn status_message(s: &Status) -> String {
     format!("{:?}: {}", s.code(), s.message())
 }
 
+/// A status as the seam's error: the agent said no (a bad value, a stale
+/// lease, a refused credential), or the call did not get through.
+fn handle_error(s: &Status) -> HandleError {
+    use tonic::Code;
+    match s.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted | Code::Unknown => {
+            HandleError::Unreachable(status_message(s))
+        }
+        _ => HandleError::Refused(status_message(s)),
+    }
+}
+
 /// An object's configuration as [`RemoteStage::settings`] reads it:
 /// channel, object, spec.
 pub type ObjectSetting = (String, String, ObjectSpec);
@@ -457,10 +469,16 @@ impl RemoteStage {
     /// Waits for a call; the caller notes the outcome (after decoding it:
     /// a reply from a restarted stage is a failure too).
     fn wait<T>(&self, p: Pending<T>) -> std::result::Result<T, String> {
-        self.inner.block_on(p).and_then(|j| match j {
-            Ok(r) => r.map_err(|s| status_message(&s)),
-            Err(e) => Err(format!("call aborted: {e}")),
-        })
+        self.wait_for_handle(p).map_err(|e| e.message().to_owned())
+    }
+
+    /// [`wait`](Self::wait), telling a refusal from a call that did not get through.
+    fn wait_for_handle<T>(&self, p: Pending<T>) -> std::result::Result<T, HandleError> {
+        match self.inner.block_on(p) {
+            Ok(Ok(r)) => r.map_err(|s| handle_error(&s)),
+            Ok(Err(e)) => Err(HandleError::Unreachable(format!("call aborted: {e}"))),
+            Err(m) => Err(HandleError::Unreachable(m)),
+        }
     }
 
     fn decode_collection(&self, reply: pb::CollectReply) -> std::result::Result<Collection, String> {
@@ -653,15 +671,15 @@ fn rules_json(rules: &RuleSet) -> String {
 impl StageHandle for RemoteStage {
     fn collect(&self) -> std::result::Result<Collection, HandleError> {
         if let Some(r) = self.collect_batched() {
-            return self.note(r.and_then(|r| self.decode_collection(r))).map_err(HandleError);
+            return self.note(r.and_then(|r| self.decode_collection(r))).map_err(HandleError::Unreachable);
         }
         let pending = self.pending_collect.lock().unwrap_or_else(|e| e.into_inner()).take();
         let p = pending.unwrap_or_else(|| self.spawn_collect(false));
-        self.note(self.wait(p).and_then(|r| self.decode_collection(r))).map_err(HandleError)
+        self.note(self.wait(p).and_then(|r| self.decode_collection(r))).map_err(HandleError::Unreachable)
     }
 
     fn stage_info(&self) -> std::result::Result<StageInfo, HandleError> {
-        self.stage_info_now().map_err(|e| HandleError(e.to_string()))
+        self.stage_info_now().map_err(|e| HandleError::Unreachable(e.to_string()))
     }
 
     fn begin_cycle(&self) {
@@ -696,11 +714,11 @@ impl StageHandle for RemoteStage {
         }
     }
 
-    fn finish_cycle(&self) -> Vec<(ObjectRef, String)> {
+    fn finish_cycle(&self) -> Vec<(ObjectRef, HandleError)> {
         let pending = std::mem::take(&mut *self.pending_configure.lock().unwrap_or_else(|e| e.into_inner()));
         let mut failed = Vec::new();
         for (o, p) in pending {
-            if let Err(e) = self.note(self.wait(p)) {
+            if let Err(e) = self.note(self.wait_for_handle(p)) {
                 self.sent.lock().unwrap_or_else(|e| e.into_inner()).remove(&o);
                 failed.push((o, e));
             }
@@ -708,9 +726,9 @@ impl StageHandle for RemoteStage {
         failed
     }
 
-    fn apply(&self, rules: &RuleSet) -> kv_stage::Result<ApplyReport> {
+    fn apply(&self, rules: &RuleSet) -> std::result::Result<ApplyReport, HandleError> {
         self.apply_text(&rules_json(rules), RulesFormat::Json, "controller")
-            .map_err(|e| kv_stage::Error::Invalid(e.to_string()))
+            .map_err(|e| HandleError::Refused(e.to_string()))
     }
 
     fn object(&self, channel: &str, object: &str) -> Option<Arc<dyn ObjectControl>> {
@@ -781,16 +799,16 @@ impl RemoteObject {
 }
 
 impl ObjectControl for RemoteObject {
-    fn check(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+    fn check(&self, set: &ObjectConfig) -> std::result::Result<(), HandleError> {
         match &self.shadow {
             Some(o) => o
                 .validate(set)
-                .map_err(|e| kv_stage::Error::Invalid(format!("{}: field `{}`: {}", self.label, e.field, e.message))),
+                .map_err(|e| HandleError::Refused(format!("{}: field `{}`: {}", self.label, e.field, e.message))),
             None => Ok(()),
         }
     }
 
-    fn configure(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+    fn configure(&self, set: &ObjectConfig) -> std::result::Result<(), HandleError> {
         self.check(set)?;
         let Some(p) = self.send(set) else { return Ok(()) };
         let r = self.inner.block_on(p);
@@ -799,13 +817,16 @@ impl ObjectControl for RemoteObject {
         }
         match r {
             Ok(Ok(Ok(_))) => Ok(()),
-            Ok(Ok(Err(s))) => Err(kv_stage::Error::Invalid(format!("{}: {}", self.label, status_message(&s)))),
-            Ok(Err(e)) => Err(kv_stage::Error::Invalid(format!("{}: call aborted: {e}", self.label))),
-            Err(m) => Err(kv_stage::Error::Invalid(m)),
+            Ok(Ok(Err(s))) => Err(match handle_error(&s) {
+                HandleError::Unreachable(m) => HandleError::Unreachable(format!("{}: {m}", self.label)),
+                e => HandleError::Refused(format!("{}: {}", self.label, e.message())),
+            }),
+            Ok(Err(e)) => Err(HandleError::Unreachable(format!("{}: call aborted: {e}", self.label))),
+            Err(m) => Err(HandleError::Unreachable(m)),
         }
     }
 
-    fn configure_deferred(&self, set: &ObjectConfig) -> kv_stage::Result<()> {
+    fn configure_deferred(&self, set: &ObjectConfig) -> std::result::Result<(), HandleError> {
         self.check(set)?;
         if let Some(p) = self.send(set) {
             self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((self.target.clone(), p));
