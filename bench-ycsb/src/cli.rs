@@ -406,6 +406,7 @@ fn device_description(cfg: &SystemConfig, kernel: Option<&KernelDevice>) -> Stri
 fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
     std::fs::create_dir_all(b.out).map_err(Error::io(format!("creating {}", b.out.display())))?;
     let start_name = if b.warm { "warm" } else { "cold" };
+    let provenance = report::Provenance::now();
     let base = rocksdb::DB::open(&b.cfg.db.rocksdb(), b.base)?;
     if b.warm && b.settle_base {
         // Every system starts from the same settled LSM: the loaded DB's
@@ -462,6 +463,7 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
         device: device_description(&b.cfg, b.kernel),
         start: start_name.into(),
         machine: machine(),
+        provenance,
         kvs_bandwidth: b.cfg.kvs.to_string(),
         config: serde_json::to_value(&b.cfg).unwrap_or_default(),
         systems: reports,

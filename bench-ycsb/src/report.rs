@@ -437,12 +437,83 @@ pub struct BenchReport {
     /// The machine the run was on.
     #[serde(default)]
     pub machine: String,
+    /// Where the figures come from: the commit, the date and the command.
+    #[serde(default)]
+    pub provenance: Provenance,
     /// `KVS_B`.
     pub kvs_bandwidth: String,
     /// RocksDB options and system settings.
     pub config: serde_json::Value,
     /// Systems, in run order.
     pub systems: Vec<SystemReport>,
+}
+
+/// What a results file is stamped with, so a figure quoted anywhere can be
+/// traced to the code and the command that measured it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// `git rev-parse HEAD` of the working tree the binary ran in, with
+    /// `-dirty` when it had uncommitted changes to tracked files;
+    /// `unknown` outside a git checkout.
+    pub commit: String,
+    /// When the run started, UTC, `YYYY-MM-DDTHH:MM:SSZ`.
+    pub date: String,
+    /// The command line, as given.
+    pub command: String,
+}
+
+impl Provenance {
+    /// The stamp of a run starting now, in the current directory.
+    pub fn now() -> Self {
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        };
+        let commit = match git(&["rev-parse", "HEAD"]) {
+            Some(c) if !c.is_empty() => {
+                let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+                if dirty { format!("{c}-dirty") } else { c }
+            }
+            _ => "unknown".into(),
+        };
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        Provenance { commit, date: utc_date(secs), command }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` of a Unix time (the proleptic Gregorian calendar,
+/// from the days-to-civil conversion).
+pub fn utc_date(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let rem = unix_secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The stamp as the first lines of a text report.
+fn stamp(report: &BenchReport) -> String {
+    let p = &report.provenance;
+    format!(
+        "# commit {}, {}\n# machine: {}\n# command: {}\n\n",
+        if p.commit.is_empty() { "unknown" } else { &p.commit },
+        if p.date.is_empty() { "date unknown" } else { &p.date },
+        report.machine,
+        p.command
+    )
 }
 
 fn cold() -> String {
@@ -852,7 +923,7 @@ pub fn write_all(report: &BenchReport, dir: &Path) -> Result<()> {
     };
     write("summary.json", &serde_json::to_string_pretty(report).expect("report serializes"))?;
     write("timeseries.csv", &timeseries_csv(report))?;
-    write("table.txt", &table(report))?;
+    write("table.txt", &format!("{}{}", stamp(report), table(report)))?;
     for r in &report.systems {
         write(&format!("ycsb-{}-{}.txt", r.name, r.repeat), &r.ycsb_text())?;
     }
@@ -908,6 +979,7 @@ pub fn figures_md(
         first.profile, first.threads, first.duration_s
     );
     let _ = writeln!(s, "- Machine: {}", first.machine);
+    let _ = writeln!(s, "- Commit: {} (first run started {})", first.provenance.commit, first.provenance.date);
     let _ = writeln!(s, "- Settings and RocksDB options: {}", first.config);
     let _ = writeln!(
         s,

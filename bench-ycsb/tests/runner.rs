@@ -82,6 +82,7 @@ fn an_overloaded_run_records_every_scheduled_request() {
         device: "none".into(),
         start: "cold".into(),
         machine: String::new(),
+        provenance: bench_ycsb::report::Provenance::now(),
         kvs_bandwidth: "-".into(),
         config: serde_json::Value::Null,
         systems: vec![sys],
@@ -93,6 +94,27 @@ fn an_overloaded_run_records_every_scheduled_request() {
     // Header words and row cells line up except the two-word headers before it.
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert!(cells.contains(&r.dropped.to_string().as_str()), "row {row:?} (column {col}) lacks {}", r.dropped);
+
+    // The files a run writes carry where they come from.
+    let out = tempfile::tempdir().unwrap();
+    bench_ycsb::report::write_all(&report, out.path()).unwrap();
+    let text = std::fs::read_to_string(out.path().join("table.txt")).unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(first.starts_with("# commit ") && first.ends_with('Z'), "{first}");
+    assert!(text.lines().any(|l| l.starts_with("# command: ") && l.contains("runner")), "{text}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
+    let commit = summary["provenance"]["commit"].as_str().unwrap();
+    // Run from the checkout: a commit id (40 hex digits, maybe `-dirty`).
+    assert!(commit.len() >= 40 && commit[..40].chars().all(|c| c.is_ascii_hexdigit()), "{commit}");
+}
+
+#[test]
+fn results_are_dated_in_utc() {
+    use bench_ycsb::report::utc_date;
+    assert_eq!(utc_date(0), "1970-01-01T00:00:00Z");
+    assert_eq!(utc_date(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(utc_date(1_796_172_245), "2026-12-02T00:44:05Z");
 }
 
 /// Workload D's shape (reads of the latest keys, inserts) with slow inserts:
