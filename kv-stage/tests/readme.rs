@@ -33,3 +33,21 @@ fn readme_example() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(stage.collect().context(RequestContext::BG_FLUSH).bytes, 1 << 20);
     Ok(())
 }
+
+/// The README's rules file (the TOML block that starts with `version`)
+/// parses and applies to a fresh stage, with the volumes and the channel it
+/// promises.
+#[test]
+fn readme_rules_file_applies() -> Result<(), Box<dyn std::error::Error>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let start = readme.find("```toml\nversion").ok_or("the README has no rules file")? + "```toml\n".len();
+    let end = start + readme[start..].find("```").ok_or("the rules file's block is not closed")?;
+    let rules = kv_stage::RuleSet::from_toml(&readme[start..end])?;
+    let stage = Stage::new("readme");
+    stage.apply(&rules)?;
+    let info = stage.stage_info();
+    for channel in ["db", "tenant-a", "aged"] {
+        assert!(info.channels.iter().any(|c| c.id == channel), "channel {channel} missing: {info:?}");
+    }
+    Ok(())
+}
