@@ -7,14 +7,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A workload property is invalid.
-    #[error("workload property `{key}`: {message}")]
-    Workload {
-        /// The property.
-        key: String,
-        /// What is wrong.
-        message: String,
-    },
+    /// A workload property is invalid: the error's field is the property.
+    #[error("workload property `{}`: {}", .0.field, .0.message)]
+    Workload(kv_stage::FieldError),
     /// A load profile is invalid.
     #[error("load profile '{spec}': {message}")]
     Profile {

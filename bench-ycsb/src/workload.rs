@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use kv_stage::FieldError;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -223,9 +224,8 @@ impl Workload {
         let props = parse_properties(text);
         let mut w = Workload { name: name.to_owned(), ..Workload::default() };
         let mut warnings = Vec::new();
-        let bad = |key: &str, line: usize, value: &str, what: &str| Error::Workload {
-            key: key.to_owned(),
-            message: format!("line {line}: '{value}' is not {what}"),
+        let bad = |key: &str, line: usize, value: &str, what: &str| {
+            Error::Workload(FieldError::new(key, format!("line {line}: '{value}' is not {what}")))
         };
         let int = |key: &str, (line, v): &(usize, String)| -> Result<u64> {
             v.parse::<u64>().map_err(|_| bad(key, *line, v, "a non-negative integer"))
@@ -303,12 +303,14 @@ impl Workload {
         if let Some(w) = Self::builtin(name_or_path) {
             return Ok((w, Vec::new()));
         }
-        let text = std::fs::read_to_string(name_or_path).map_err(|e| Error::Workload {
-            key: "workload".into(),
-            message: format!(
-                "'{name_or_path}' is neither a built-in workload ({}) nor a readable file: {e}",
-                BUILTIN.join(", ")
-            ),
+        let text = std::fs::read_to_string(name_or_path).map_err(|e| {
+            Error::Workload(FieldError::new(
+                "workload",
+                format!(
+                    "'{name_or_path}' is neither a built-in workload ({}) nor a readable file: {e}",
+                    BUILTIN.join(", ")
+                ),
+            ))
         })?;
         let name = std::path::Path::new(name_or_path).file_name().map_or(name_or_path.into(), |n| n.to_string_lossy());
         Self::from_properties(&name, &text)
@@ -316,7 +318,7 @@ impl Workload {
 
     /// Checks the values together.
     pub fn validate(&self) -> Result<()> {
-        let err = |key: &str, m: String| Err(Error::Workload { key: key.into(), message: m });
+        let err = |key: &str, m: String| Err(Error::Workload(FieldError::new(key, m)));
         let total = self.readproportion
             + self.updateproportion
             + self.insertproportion

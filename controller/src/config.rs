@@ -128,9 +128,11 @@ impl ControllerConfig {
 
     /// Parses TOML; errors name the key (`toml` reports line and column).
     pub fn from_toml(text: &str) -> Result<Self> {
-        let c: ControllerConfig = toml::from_str(text).map_err(|e| Error::Config {
-            key: e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "config".into()),
-            message: e.message().to_owned(),
+        let c: ControllerConfig = toml::from_str(text).map_err(|e| {
+            Error::Config(kv_stage::FieldError::new(
+                e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "config".into()),
+                e.message(),
+            ))
         })?;
         c.validate()?;
         Ok(c)

@@ -244,9 +244,10 @@ impl ControllerBuilder {
                     Error::config(&format!("fair_share.instance[{i}]"), format!("stage of '{}': {e}", inst.name))
                 })?;
                 check_binding(inst, &info).map_err(|e| match e {
-                    Error::Config { key, message } => {
-                        Error::Config { key: format!("fair_share.instance[{i}].{key}"), message }
-                    }
+                    Error::Config(e) => Error::Config(kv_stage::FieldError::new(
+                        format!("fair_share.instance[{i}].{}", e.field),
+                        e.message,
+                    )),
                     other => other,
                 })?;
             }

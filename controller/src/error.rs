@@ -7,14 +7,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A configuration value is invalid.
-    #[error("config key `{key}`: {message}")]
-    Config {
-        /// The key (`silk.min_bandwidth`, `fair_share.instance[1].demand`).
-        key: String,
-        /// What is wrong.
-        message: String,
-    },
+    /// A configuration value is invalid: the error's field is the key
+    /// (`silk.min_bandwidth`, `fair_share.instance[1].demand`).
+    #[error("config key `{}`: {}", .0.field, .0.message)]
+    Config(kv_stage::FieldError),
     /// A policy failed in a cycle (the previous rates stay; no rate of
     /// that cycle is applied).
     #[error("policy {policy}: {error}")]
@@ -31,6 +27,6 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn config(key: &str, message: impl Into<String>) -> Self {
-        Error::Config { key: key.to_owned(), message: message.into() }
+        Error::Config(kv_stage::FieldError::new(key, message))
     }
 }

@@ -191,3 +191,30 @@ impl From<EnforceError> for std::io::Error {
         std::io::Error::new(kind, e)
     }
 }
+
+/// "This field (a key, a setting, a column of a line) was wrong": the one
+/// error for a bad value anywhere a value has a name: an object's settings,
+/// an `io.max` key, a device number. Shown as `field: message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    /// The field at fault (for a token that is not `key=value`, the token).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+    /// The field does not exist at all (an object has no such setting), as
+    /// opposed to a bad value for one that does.
+    pub unsupported: bool,
+}
+
+impl FieldError {
+    /// A bad value for a field that exists.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError { field: field.into(), message: message.into(), unsupported: false }
+    }
+
+    /// A field that does not exist.
+    pub fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError { field: field.into(), message: message.into(), unsupported: true }
+    }
+}

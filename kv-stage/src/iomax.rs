@@ -22,6 +22,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::error::FieldError;
 use crate::units::{UnitError, parse_bytes};
 
 /// The four `io.max` keys, in the kernel's order.
@@ -40,24 +41,13 @@ pub struct IoMax {
     pub wiops: Option<u64>,
 }
 
-/// Why an `io.max` line could not be parsed: the key (or the token, when
-/// it is not `key=value`) and what was wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct IoMaxError {
-    /// The key whose value was wrong, or the token that is no key.
-    pub key: String,
-    /// What was wrong.
-    pub message: String,
-}
-
-fn bad(key: &str, message: impl Into<String>) -> IoMaxError {
-    IoMaxError { key: key.to_owned(), message: message.into() }
+fn bad(key: &str, message: impl Into<String>) -> FieldError {
+    FieldError::new(key, message)
 }
 
 /// A value: `max`, or a positive amount. Byte keys take size units and an
 /// optional `/s`; iops keys take a count with an optional `k`/`M` and `/s`.
-fn value(key: &str, v: &str, bytes: bool) -> Result<Option<u64>, IoMaxError> {
+fn value(key: &str, v: &str, bytes: bool) -> Result<Option<u64>, FieldError> {
     let v = v.trim();
     if v == "max" {
         return Ok(None);
@@ -106,7 +96,7 @@ impl IoMax {
 
     /// Parses `key=value` pairs separated by spaces or commas. Each key at
     /// most once; an empty line is [`IoMax::UNLIMITED`].
-    pub fn parse(s: &str) -> Result<IoMax, IoMaxError> {
+    pub fn parse(s: &str) -> Result<IoMax, FieldError> {
         let [rbps, wbps, riops, wiops] = parse_keys(s)?.map(Option::flatten);
         Ok(IoMax { rbps, wbps, riops, wiops })
     }
@@ -115,7 +105,7 @@ impl IoMax {
 /// The keys a line sets, in the kernel's order: `None` where the key is
 /// absent, `Some(None)` where it is `max`. The kernel reads a write to
 /// `io.max` this way: absent keys keep their limit.
-pub(crate) fn parse_keys(s: &str) -> Result<[Option<Option<u64>>; 4], IoMaxError> {
+pub(crate) fn parse_keys(s: &str) -> Result<[Option<Option<u64>>; 4], FieldError> {
     let mut out = [None; 4];
     for token in s.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
         let (k, v) =
@@ -167,7 +157,7 @@ impl fmt::Display for Target {
 impl Target {
     /// `MAJ:MIN` is a device; anything else that is a valid volume name
     /// (letters, digits, `_`, `-`, `.`, `/`) is a volume.
-    pub fn parse(s: &str) -> Result<Target, IoMaxError> {
+    pub fn parse(s: &str) -> Result<Target, FieldError> {
         if let Some((a, b)) = s.split_once(':') {
             return match (a.parse(), b.parse()) {
                 (Ok(major), Ok(minor)) => Ok(Target::Device { major, minor }),
@@ -203,8 +193,8 @@ pub struct IoMaxLine {
 }
 
 impl FromStr for IoMaxLine {
-    type Err = IoMaxError;
-    fn from_str(s: &str) -> Result<Self, IoMaxError> {
+    type Err = FieldError;
+    fn from_str(s: &str) -> Result<Self, FieldError> {
         let s = s.trim();
         let (target, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));
         Ok(IoMaxLine { target: Target::parse(target)?, keys: parse_keys(rest)? })
@@ -237,8 +227,8 @@ pub(crate) fn write_keys(f: &mut impl fmt::Write, keys: &[Option<Option<u64>>; 4
 }
 
 impl FromStr for IoMax {
-    type Err = IoMaxError;
-    fn from_str(s: &str) -> Result<Self, IoMaxError> {
+    type Err = FieldError;
+    fn from_str(s: &str) -> Result<Self, FieldError> {
         IoMax::parse(s)
     }
 }
@@ -287,7 +277,7 @@ mod tests {
             ("rbps", "rbps", "not key=value"),
         ] {
             let e = IoMax::parse(line).unwrap_err();
-            assert_eq!(e.key, key, "{line}: {e}");
+            assert_eq!(e.field, key, "{line}: {e}");
             assert!(e.to_string().starts_with(&format!("{key}: ")), "{line}: {e}");
             assert!(e.message.contains(words), "{line}: {e}");
         }

@@ -76,13 +76,13 @@ pub mod timer;
 pub mod units;
 
 pub use context::{Context, ContextScope, InstanceId, Reason, RequestContext, RequestType, WorkflowId, with_context};
-pub use error::{EnforceError, EnforceErrorKind, Error, Location, Rejection, Result};
+pub use error::{EnforceError, EnforceErrorKind, Error, FieldError, Location, Rejection, Result};
 pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
 pub use matching::{Classifier, FieldMatch, Match};
 pub use objects::{
-    AsyncWait, Batch, BatchPlan, BatchSettings, BatchSpec, BucketStats, ConfigError, DEFAULT_REFILL_PERIOD, Drl,
-    DrlSettings, DrlSpec, EnforcementObject, Noop, Object, ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome,
-    Qos, QosSpec, Settings,
+    AsyncWait, Batch, BatchPlan, BatchSettings, BatchSpec, BucketStats, DEFAULT_REFILL_PERIOD, Drl, DrlSettings,
+    DrlSpec, EnforcementObject, Noop, Object, ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
+    Settings,
 };
 /// The importer of the original Paio text rules.
 pub use rules::paio;

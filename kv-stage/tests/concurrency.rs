@@ -18,7 +18,7 @@ impl EnforcementObject for Counting {
     fn kind(&self) -> &'static str {
         "counting"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), kv_stage::ConfigError> {
+    fn validate(&self, _: &ObjectConfig) -> Result<(), kv_stage::FieldError> {
         Ok(())
     }
     fn configure(&self, _: &ObjectConfig) {}
@@ -39,7 +39,7 @@ impl EnforcementObject for CountingDrl {
     fn kind(&self) -> &'static str {
         "drl"
     }
-    fn validate(&self, c: &ObjectConfig) -> Result<(), kv_stage::ConfigError> {
+    fn validate(&self, c: &ObjectConfig) -> Result<(), kv_stage::FieldError> {
         self.drl.validate(c)
     }
     fn configure(&self, c: &ObjectConfig) {

@@ -97,7 +97,7 @@ impl EnforcementObject for RefuseWrites {
     fn kind(&self) -> &'static str {
         "refuse-writes"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), kv_stage::ConfigError> {
+    fn validate(&self, _: &ObjectConfig) -> Result<(), kv_stage::FieldError> {
         Ok(())
     }
     fn configure(&self, _: &ObjectConfig) {}

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
 use kv_stage::{
-    ConfigError, Context, EnforcementObject, Match, ObjectConfig, Outcome, Rejection, RequestContext, RequestType,
-    Rule, Stage,
+    Context, EnforcementObject, FieldError, Match, ObjectConfig, Outcome, Rejection, RequestContext, RequestType, Rule,
+    Stage,
 };
 use rocks_env::StagedDb;
 
@@ -20,7 +20,7 @@ impl EnforcementObject for FailWrites {
     fn kind(&self) -> &'static str {
         "fail-writes"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, _: &ObjectConfig) -> Result<(), FieldError> {
         Ok(())
     }
     fn configure(&self, _: &ObjectConfig) {}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kv_stage::{
-    ConfigError, Context, EnforcementObject, Match, ObjectConfig, Outcome, Rejection, RequestType, Rule, Stage,
+    Context, EnforcementObject, FieldError, Match, ObjectConfig, Outcome, Rejection, RequestType, Rule, Stage,
 };
 use rocks_env::{FileKind, StagedDb};
 
@@ -24,7 +24,7 @@ impl EnforcementObject for Metadata {
     fn kind(&self) -> &'static str {
         "metadata-probe"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, _: &ObjectConfig) -> Result<(), FieldError> {
         Ok(())
     }
     fn configure(&self, _: &ObjectConfig) {}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kv_stage::{
-    ConfigError, Context, EnforcementObject, InstanceId, Match, ObjectConfig, ObjectHandle, ObjectSpec, Outcome, Rate,
+    Context, EnforcementObject, FieldError, InstanceId, Match, ObjectConfig, ObjectHandle, ObjectSpec, Outcome, Rate,
     Rejection, RequestContext as C, RequestType, Rule, Stage,
 };
 use rocks_env::{RocksLayout, StagedDb};
@@ -131,7 +131,7 @@ impl EnforcementObject for RefuseWrites {
     fn kind(&self) -> &'static str {
         "refuse-writes"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, _: &ObjectConfig) -> Result<(), FieldError> {
         Ok(())
     }
     fn configure(&self, _: &ObjectConfig) {}

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, Outcome, Settings};
+use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, Outcome, Settings};
 use crate::context::Context;
 use crate::error::Rejection;
 use crate::units::Amount;
@@ -79,7 +79,7 @@ impl Default for BatchSpec {
 
 impl BatchSpec {
     /// Checks the spec (the field at fault is named).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         check(Some(self.requests), Some(self.bytes), Some(self.timeout))
     }
 
@@ -93,21 +93,21 @@ impl BatchSpec {
     }
 }
 
-fn check(requests: Option<u32>, bytes: Option<Amount>, timeout: Option<Duration>) -> Result<(), ConfigError> {
+fn check(requests: Option<u32>, bytes: Option<Amount>, timeout: Option<Duration>) -> Result<(), FieldError> {
     if let Some(n) = requests
         && !(1..=MAX_REQUESTS).contains(&n)
     {
-        return Err(ConfigError::new("requests", format!("must be 1 to {MAX_REQUESTS}, not {n}")));
+        return Err(FieldError::new("requests", format!("must be 1 to {MAX_REQUESTS}, not {n}")));
     }
     if let Some(b) = bytes
         && b.get() < 1.0
     {
-        return Err(ConfigError::new("bytes", "must be at least 1 byte"));
+        return Err(FieldError::new("bytes", "must be at least 1 byte"));
     }
     if let Some(t) = timeout
         && t > MAX_TIMEOUT
     {
-        return Err(ConfigError::new("timeout", "must be at most 1s"));
+        return Err(FieldError::new("timeout", "must be at most 1s"));
     }
     Ok(())
 }
@@ -140,7 +140,7 @@ impl Settings for BatchSettings {
 
 impl BatchSettings {
     /// Reads and checks a batch object's settings from a change.
-    pub fn from_config(c: &ObjectConfig) -> Result<Self, ConfigError> {
+    pub fn from_config(c: &ObjectConfig) -> Result<Self, FieldError> {
         let s: BatchSettings = c.parse("batch")?;
         check(s.requests, s.bytes, s.timeout)?;
         Ok(s)
@@ -198,7 +198,7 @@ pub struct Batch {
 
 impl Batch {
     /// Builds a batch object from its spec.
-    pub fn new(spec: BatchSpec) -> Result<Self, ConfigError> {
+    pub fn new(spec: BatchSpec) -> Result<Self, FieldError> {
         static NEXT_ID: AtomicU32 = AtomicU32::new(1);
         spec.validate()?;
         let b = Batch {
@@ -239,7 +239,7 @@ impl EnforcementObject for Batch {
         "batch"
     }
 
-    fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, c: &ObjectConfig) -> Result<(), FieldError> {
         BatchSettings::from_config(c).map(drop)
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
-use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
+use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Amount, Rate};
@@ -45,9 +45,9 @@ impl DrlSpec {
     }
 
     /// Checks the spec.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         if self.burst.is_some() && self.refill_period.is_some() {
-            return Err(ConfigError::new("burst", "give either `burst` or `refill_period`, not both"));
+            return Err(FieldError::new("burst", "give either `burst` or `refill_period`, not both"));
         }
         check_period(self.refill_period)
     }
@@ -100,10 +100,10 @@ impl Settings for DrlSettings {
 
 impl DrlSettings {
     /// Reads and checks a DRL's settings from a change.
-    pub fn from_config(c: &ObjectConfig) -> Result<Self, ConfigError> {
+    pub fn from_config(c: &ObjectConfig) -> Result<Self, FieldError> {
         let s: DrlSettings = c.parse("DRL")?;
         if s.burst.is_some() && s.refill_period.is_some() {
-            return Err(ConfigError::new("burst", "give either `burst` or `refill_period`, not both"));
+            return Err(FieldError::new("burst", "give either `burst` or `refill_period`, not both"));
         }
         check_period(s.refill_period)?;
         Ok(s)
@@ -111,10 +111,10 @@ impl DrlSettings {
 }
 
 /// The refill period bounds every token bucket of the crate keeps.
-pub(super) fn check_period(p: Option<Duration>) -> Result<(), ConfigError> {
+pub(super) fn check_period(p: Option<Duration>) -> Result<(), FieldError> {
     match p {
-        Some(p) if p.is_zero() => Err(ConfigError::new("refill_period", "must be greater than zero")),
-        Some(p) if p > Duration::from_secs(3600) => Err(ConfigError::new("refill_period", "must be at most 1h")),
+        Some(p) if p.is_zero() => Err(FieldError::new("refill_period", "must be greater than zero")),
+        Some(p) if p > Duration::from_secs(3600) => Err(FieldError::new("refill_period", "must be at most 1h")),
         _ => Ok(()),
     }
 }
@@ -132,7 +132,7 @@ pub struct Drl {
 
 impl Drl {
     /// Builds a DRL from its spec.
-    pub fn new(spec: DrlSpec) -> Result<Self, ConfigError> {
+    pub fn new(spec: DrlSpec) -> Result<Self, FieldError> {
         spec.validate()?;
         let bucket = Bucket::new(spec.rate.per_sec(), spec.rate.unit(), spec.burst_tokens());
         Ok(Drl { bucket, spec: Mutex::new(spec) })
@@ -154,7 +154,7 @@ impl EnforcementObject for Drl {
         "drl"
     }
 
-    fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, c: &ObjectConfig) -> Result<(), FieldError> {
         DrlSettings::from_config(c).map(drop)
     }
 

@@ -39,6 +39,7 @@ pub use drl::{Drl, DrlSettings, DrlSpec};
 pub use qos::{Qos, QosSpec};
 
 use crate::context::{Context, InstanceId};
+pub(crate) use crate::error::FieldError;
 use crate::error::Rejection;
 use crate::units::{Amount, Rate};
 
@@ -205,9 +206,9 @@ impl ObjectConfig {
     }
 
     /// The change as `kind`'s typed settings. A setting `S` does not have is
-    /// an [`unsupported`](ConfigError::unsupported) error naming it; a bad
+    /// an [`unsupported`](FieldError::unsupported) error naming it; a bad
     /// value is an error naming its setting.
-    pub fn parse<S: Settings>(&self, kind: &str) -> Result<S, ConfigError> {
+    pub fn parse<S: Settings>(&self, kind: &str) -> Result<S, FieldError> {
         if let Repr::Typed(t) = &self.0
             && let Some(s) = t.any().downcast_ref::<S>()
         {
@@ -215,20 +216,17 @@ impl ObjectConfig {
         }
         let map = self.fields();
         if let Some(f) = map.keys().find(|k| !S::FIELDS.contains(&k.as_str())) {
-            return Err(ConfigError::unsupported(
-                f.clone(),
-                format!("not a {kind} setting ({})", S::FIELDS.join(", ")),
-            ));
+            return Err(FieldError::unsupported(f.clone(), format!("not a {kind} setting ({})", S::FIELDS.join(", "))));
         }
         // Field by field first, so a bad value names its setting.
         for (k, v) in map.iter() {
             let one = serde_json::Map::from_iter([(k.clone(), v.clone())]);
             if let Err(e) = serde_json::from_value::<S>(serde_json::Value::Object(one)) {
-                return Err(ConfigError::new(k.clone(), e.to_string()));
+                return Err(FieldError::new(k.clone(), e.to_string()));
             }
         }
         serde_json::from_value(serde_json::Value::Object(map.into_owned()))
-            .map_err(|e| ConfigError::new("set", e.to_string()))
+            .map_err(|e| FieldError::new("set", e.to_string()))
     }
 }
 
@@ -254,29 +252,6 @@ impl<'de> Deserialize<'de> for ObjectConfig {
 impl<S: Settings> From<S> for ObjectConfig {
     fn from(settings: S) -> Self {
         ObjectConfig::from_settings(&settings)
-    }
-}
-
-/// A configuration problem, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The field at fault.
-    pub field: String,
-    /// What is wrong.
-    pub message: String,
-    /// The object has no such setting at all (as opposed to a bad value).
-    pub unsupported: bool,
-}
-
-impl ConfigError {
-    /// A bad value for a setting the object has.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError { field: field.into(), message: message.into(), unsupported: false }
-    }
-
-    /// A setting the object does not have.
-    pub fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError { field: field.into(), message: message.into(), unsupported: true }
     }
 }
 
@@ -366,7 +341,7 @@ impl ObjectSpec {
     }
 
     /// Checks the spec (the field at fault is named).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         match self {
             ObjectSpec::Noop => Ok(()),
             ObjectSpec::Drl(s) => s.validate(),
@@ -376,7 +351,7 @@ impl ObjectSpec {
     }
 
     /// Builds the object.
-    pub fn build(&self) -> Result<Object, ConfigError> {
+    pub fn build(&self) -> Result<Object, FieldError> {
         self.validate()?;
         Ok(match self {
             ObjectSpec::Noop => Object::Noop(Noop),
@@ -397,7 +372,7 @@ pub trait EnforcementObject: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Checks a configuration change without applying it.
-    fn validate(&self, config: &ObjectConfig) -> Result<(), ConfigError>;
+    fn validate(&self, config: &ObjectConfig) -> Result<(), FieldError>;
 
     /// Applies a configuration change that [`validate`](Self::validate)
     /// accepted. Must not fail.
@@ -484,9 +459,9 @@ impl EnforcementObject for Noop {
     fn kind(&self) -> &'static str {
         "noop"
     }
-    fn validate(&self, config: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, config: &ObjectConfig) -> Result<(), FieldError> {
         match config.set_fields().first() {
-            Some(f) => Err(ConfigError::unsupported(f.clone(), "a noop object has no settings")),
+            Some(f) => Err(FieldError::unsupported(f.clone(), "a noop object has no settings")),
             None => Ok(()),
         }
     }
@@ -541,7 +516,7 @@ impl EnforcementObject for Object {
     fn kind(&self) -> &'static str {
         dispatch!(self, o => o.kind())
     }
-    fn validate(&self, config: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, config: &ObjectConfig) -> Result<(), FieldError> {
         dispatch!(self, o => o.validate(config))
     }
     fn configure(&self, config: &ObjectConfig) {

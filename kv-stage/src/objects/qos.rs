@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
 use super::drl::check_period;
-use super::{ConfigError, EnforcementObject, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
+use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::iomax::{IoMax, IoMaxLine, KEYS, parse_keys, write_keys};
@@ -155,20 +155,20 @@ impl QosSpec {
 
     /// Checks the spec: bandwidth limits in bytes, IOPS limits as counts,
     /// each at least 1 per second (as the kernel takes them) or unlimited.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), FieldError> {
         for (field, r) in [("rbps", self.rbps), ("wbps", self.wbps)] {
             if let Some(r) = r
                 && r.unit() == RateUnit::Ops
                 && !r.is_unlimited()
             {
-                return Err(ConfigError::new(field, "is a bandwidth limit; give bytes per second such as \"8Mi\""));
+                return Err(FieldError::new(field, "is a bandwidth limit; give bytes per second such as \"8Mi\""));
             }
         }
         for (field, r) in KEYS.iter().zip([self.rbps, self.wbps, self.riops, self.wiops]) {
             if let Some(r) = r
                 && r.per_sec() < 1.0
             {
-                return Err(ConfigError::new(
+                return Err(FieldError::new(
                     *field,
                     format!("{} is below 1/s; a limit is at least 1 per second, or \"max\"", r.per_sec()),
                 ));
@@ -239,7 +239,7 @@ pub struct Qos {
 
 impl Qos {
     /// Builds the object from its spec.
-    pub fn new(spec: QosSpec) -> Result<Self, ConfigError> {
+    pub fn new(spec: QosSpec) -> Result<Self, FieldError> {
         spec.validate()?;
         let spec = spec.normalized();
         let mk = |r: Option<Rate>, unit: RateUnit| {
@@ -288,7 +288,7 @@ impl EnforcementObject for Qos {
         "qos"
     }
 
-    fn validate(&self, c: &ObjectConfig) -> Result<(), ConfigError> {
+    fn validate(&self, c: &ObjectConfig) -> Result<(), FieldError> {
         let c: QosSpec = c.parse("QoS")?;
         let current = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
         current.merged(&c).validate()

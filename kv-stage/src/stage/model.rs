@@ -6,9 +6,10 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::context::InstanceId;
+use crate::error::FieldError;
 use crate::error::{Error, Location, Result};
 use crate::matching::Match;
-use crate::objects::{ConfigError, EnforcementObject, Object, ObjectConfig, ObjectSpec};
+use crate::objects::{EnforcementObject, Object, ObjectConfig, ObjectSpec};
 use crate::rules::{Rule, RuleEntry};
 use crate::stats::{Counters, MAX_COUNTER_SLOTS};
 
@@ -131,7 +132,7 @@ pub(super) fn validate_id(id: &str, loc: &Location, field: &str) -> Result<Arc<s
     }
 }
 
-pub(super) fn config_error(loc: &Location, label: &str, e: ConfigError) -> Error {
+pub(super) fn config_error(loc: &Location, label: &str, e: FieldError) -> Error {
     Error::rule(loc, Some(&e.field), format!("{label}: {}", e.message))
 }
 
