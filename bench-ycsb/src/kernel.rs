@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kv_stage::iomax::{IoMax, split_dev};
+use kv_stage::iomax::{DeviceNumber, IoMax};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -77,8 +77,8 @@ impl Charged {
 pub struct KernelDevice {
     limits: IoMax,
     hierarchy: Hierarchy,
-    /// The disk's `MAJ:MIN`.
-    disk: (u32, u32),
+    /// The disk.
+    disk: DeviceNumber,
     disk_name: String,
     /// The cgroup the process was in when probed (where it goes back to).
     home: PathBuf,
@@ -220,11 +220,11 @@ impl KernelDevice {
             )));
         }
         let meta = fs::metadata(data).map_err(Error::io(format!("reading {}", data.display())))?;
-        let (major, minor) = split_dev(meta.dev());
-        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
-        if major == 0 || !sys.exists() {
+        let data_dev = DeviceNumber::of_dev(meta.dev());
+        let sys = PathBuf::from(format!("/sys/dev/block/{data_dev}"));
+        if data_dev.major == 0 || !sys.exists() {
             return Err(missing(format!(
-                "the data directory {} is on device {major}:{minor}, which is no block device; pass --data on a disk",
+                "the data directory {} is on device {data_dev}, which is no block device; pass --data on a disk",
                 data.display()
             )));
         }
@@ -236,16 +236,13 @@ impl KernelDevice {
         };
         let dev = fs::read_to_string(disk_dir.join("dev"))
             .map_err(Error::io(format!("reading {}/dev", disk_dir.display())))?;
-        let disk = dev
-            .trim()
-            .split_once(':')
-            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-            .ok_or_else(|| missing(format!("cannot read the disk number from {}/dev", disk_dir.display())))?;
+        let disk: DeviceNumber =
+            dev.parse().map_err(|_| missing(format!("cannot read the disk number from {}/dev", disk_dir.display())))?;
         let disk_name = disk_dir
             .canonicalize()
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| format!("{}:{}", disk.0, disk.1));
+            .unwrap_or_else(|| disk.to_string());
         let home = own_cgroup(&hierarchy)?;
         remove_stale(hierarchy.root());
         Ok(KernelDevice { limits, hierarchy, disk, disk_name, home })
@@ -263,8 +260,8 @@ impl KernelDevice {
             Hierarchy::V1(_) => "cgroup v1 blkio.throttle",
         };
         format!(
-            "kernel-throttled disk {} ({}:{}), {} ({how}); direct I/O for reads, flush and compaction",
-            self.disk_name, self.disk.0, self.disk.1, self.limits
+            "kernel-throttled disk {} ({}), {} ({how}); direct I/O for reads, flush and compaction",
+            self.disk_name, self.disk, self.limits
         )
     }
 
@@ -274,7 +271,7 @@ impl KernelDevice {
         let root = self.hierarchy.root();
         let name: String = label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
         let dir = root.join(format!("{PREFIX}-{}-{name}", std::process::id()));
-        let (maj, min) = self.disk;
+        let disk = self.disk;
         if let Hierarchy::V2(_) = self.hierarchy {
             // Children get the io controller only when the parent hands it on.
             let ctl = root.join("cgroup.subtree_control");
@@ -293,7 +290,7 @@ impl KernelDevice {
             fs::write(&p, &value).map_err(Error::io(format!("writing '{value}' to {}", p.display())))
         };
         match self.hierarchy {
-            Hierarchy::V2(_) => write("io.max", format!("{maj}:{min} {}", self.limits))?,
+            Hierarchy::V2(_) => write("io.max", format!("{disk} {}", self.limits))?,
             Hierarchy::V1(_) => {
                 // In the order of `IoMax::entries`: rbps, wbps, riops, wiops.
                 let files = [
@@ -304,7 +301,7 @@ impl KernelDevice {
                 ];
                 for ((_, limit), file) in self.limits.entries().into_iter().zip(files) {
                     if let Some(v) = limit {
-                        write(file, format!("{maj}:{min} {v}"))?;
+                        write(file, format!("{disk} {v}"))?;
                     }
                 }
             }
@@ -320,7 +317,7 @@ pub struct Cgroup {
     dir: PathBuf,
     home: PathBuf,
     hierarchy: Hierarchy,
-    disk: (u32, u32),
+    disk: DeviceNumber,
 }
 
 impl Cgroup {
@@ -369,8 +366,8 @@ impl Cgroup {
 
 /// Parses cgroup v2 `io.stat` (`MAJ:MIN rbytes=.. wbytes=.. rios=.. wios=..`)
 /// for one disk.
-fn parse_io_stat(text: &str, (maj, min): (u32, u32)) -> Charged {
-    let dev = format!("{maj}:{min}");
+fn parse_io_stat(text: &str, disk: DeviceNumber) -> Charged {
+    let dev = disk.to_string();
     let mut c = Charged::default();
     for l in text.lines().filter(|l| l.split_whitespace().next() == Some(dev.as_str())) {
         for kv in l.split_whitespace().skip(1) {
@@ -390,8 +387,8 @@ fn parse_io_stat(text: &str, (maj, min): (u32, u32)) -> Charged {
 
 /// Parses cgroup v1 `blkio.throttle.io_service_bytes` and `io_serviced`
 /// (`MAJ:MIN Read N` lines) for one disk.
-fn parse_v1_counters(bytes: &str, ios: &str, (maj, min): (u32, u32)) -> Charged {
-    let dev = format!("{maj}:{min}");
+fn parse_v1_counters(bytes: &str, ios: &str, disk: DeviceNumber) -> Charged {
+    let dev = disk.to_string();
     let mut c = Charged::default();
     for (text, is_bytes) in [(bytes, true), (ios, false)] {
         for l in text.lines() {
@@ -439,13 +436,13 @@ mod tests {
     fn counters_of_both_interfaces_parse_for_the_disk_only() {
         let v2 = "8:16 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0\n254:0 rbytes=4096 wbytes=8192 rios=1 wios=2 dbytes=0 dios=0\n";
         assert_eq!(
-            parse_io_stat(v2, (254, 0)),
+            parse_io_stat(v2, DeviceNumber::new(254, 0)),
             Charged { read_bytes: 4096, write_bytes: 8192, read_ios: 1, write_ios: 2 }
         );
         let bytes = "254:0 Read 1904547328\n254:0 Write 1341583360\n254:0 Sync 4394755584\n8:0 Write 5\nTotal 1\n";
         let ios = "254:0 Read 100\n254:0 Write 200\n";
         assert_eq!(
-            parse_v1_counters(bytes, ios, (254, 0)),
+            parse_v1_counters(bytes, ios, DeviceNumber::new(254, 0)),
             Charged { read_bytes: 1904547328, write_bytes: 1341583360, read_ios: 100, write_ios: 200 }
         );
         let c = Charged { read_bytes: 10, write_bytes: 20, read_ios: 1, write_ios: 2 };

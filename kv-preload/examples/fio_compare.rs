@@ -64,7 +64,7 @@ fn main() {
     let dir = scratch();
     let d = dir.path();
     let dev = device_of(d);
-    println!("fio {} s runs on {} (device {}:{})\n", secs.as_secs(), d.display(), dev.0, dev.1);
+    println!("fio {} s runs on {} (device {dev})\n", secs.as_secs(), d.display());
     for v in ["r", "b", "u"] {
         data_file(&d.join(v).join("data"), 256);
     }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use kv_stage::iomax::split_dev;
+use kv_stage::iomax::DeviceNumber;
 use kv_stage::volumes::VOLUME_OBJECT;
 use kv_stage::{Context, RequestType, Rule, RuleSet, Stage, Volume, VolumeSelector};
 
@@ -117,7 +117,7 @@ impl State {
             enforced,
             stage,
             has_paths: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Path(_))),
-            has_devices: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Device { .. })),
+            has_devices: volumes.iter().any(|v| matches!(v.selector, VolumeSelector::Device(_))),
             volumes,
             rules: Mutex::new(rules),
             source,
@@ -165,7 +165,7 @@ fn needs_stage(v: &Volume, rules: &RuleSet) -> bool {
 }
 
 fn is_file_volume(v: &Volume) -> bool {
-    matches!(v.selector, VolumeSelector::Path(_) | VolumeSelector::Device { .. })
+    matches!(v.selector, VolumeSelector::Path(_) | VolumeSelector::Device(_))
 }
 
 /// Loads `KVSDS_RULES` at library load. A file that cannot be used stops
@@ -268,8 +268,8 @@ pub(crate) fn classify(fd: c_int) {
         && let Some(sb) = sb
     {
         let dev = if sb.st_mode & libc::S_IFMT == libc::S_IFBLK { sb.st_rdev } else { sb.st_dev };
-        let (major, minor) = split_dev(dev);
-        if let Some(i) = st.volumes.iter().position(|v| v.holds_device(major, minor)) {
+        let dev = DeviceNumber::of_dev(dev);
+        if let Some(i) = st.volumes.iter().position(|v| v.holds_device(dev)) {
             found = i as u16 + 1;
         }
     }

@@ -123,11 +123,47 @@ pub(crate) fn parse_keys(s: &str) -> Result<[Option<Option<u64>>; 4], FieldError
     Ok(out)
 }
 
-/// `MAJ:MIN` of a `st_dev`, as glibc's `major()` and `minor()` split it.
-pub fn split_dev(dev: u64) -> (u32, u32) {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    (major as u32, minor as u32)
+/// A block device's number, `MAJ:MIN`: what `io.max` lines, cgroup v1
+/// `blkio.throttle.*` files, `/sys/dev/block/` and device volumes name a
+/// device by. Shown and parsed as `254:0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceNumber {
+    /// Major number.
+    pub major: u32,
+    /// Minor number.
+    pub minor: u32,
+}
+
+impl DeviceNumber {
+    /// `major:minor`.
+    pub const fn new(major: u32, minor: u32) -> Self {
+        DeviceNumber { major, minor }
+    }
+
+    /// The device of an `st_dev` (`MetadataExt::dev`), split as glibc's
+    /// `major()` and `minor()` split it.
+    pub const fn of_dev(dev: u64) -> Self {
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        DeviceNumber { major: major as u32, minor: minor as u32 }
+    }
+}
+
+impl fmt::Display for DeviceNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+impl FromStr for DeviceNumber {
+    type Err = FieldError;
+    /// `MAJ:MIN`, two numbers (surrounding spaces ignored).
+    fn from_str(s: &str) -> Result<Self, FieldError> {
+        let t = s.trim();
+        t.split_once(':')
+            .and_then(|(a, b)| Some(DeviceNumber::new(a.parse().ok()?, b.parse().ok()?)))
+            .ok_or_else(|| bad(t, "is not MAJ:MIN (two numbers, such as 254:0)"))
+    }
 }
 
 /// What an `io.max` line is about: a block device by `MAJ:MIN`, or a volume
@@ -135,12 +171,7 @@ pub fn split_dev(dev: u64) -> (u32, u32) {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {
     /// A block device, `MAJ:MIN`.
-    Device {
-        /// Major number.
-        major: u32,
-        /// Minor number.
-        minor: u32,
-    },
+    Device(DeviceNumber),
     /// A volume of a rules file, by name.
     Volume(String),
 }
@@ -148,7 +179,7 @@ pub enum Target {
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Device { major, minor } => write!(f, "{major}:{minor}"),
+            Target::Device(d) => d.fmt(f),
             Target::Volume(v) => f.write_str(v),
         }
     }
@@ -158,11 +189,8 @@ impl Target {
     /// `MAJ:MIN` is a device; anything else that is a valid volume name
     /// (letters, digits, `_`, `-`, `.`, `/`) is a volume.
     pub fn parse(s: &str) -> Result<Target, FieldError> {
-        if let Some((a, b)) = s.split_once(':') {
-            return match (a.parse(), b.parse()) {
-                (Ok(major), Ok(minor)) => Ok(Target::Device { major, minor }),
-                _ => Err(bad(s, "is not MAJ:MIN (two numbers, such as 254:0)")),
-            };
+        if s.contains(':') {
+            return s.parse().map(Target::Device);
         }
         if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c)) {
             return Err(bad(s, "is not a volume name (letters, digits, '_', '-', '.', '/') or MAJ:MIN"));
@@ -179,7 +207,7 @@ impl Target {
 /// ```
 /// use kv_stage::iomax::{IoMaxLine, Target};
 /// let l: IoMaxLine = "254:0 wbps=4MiB riops=max".parse().unwrap();
-/// assert_eq!(l.target, Target::Device { major: 254, minor: 0 });
+/// assert_eq!(l.target, Target::Device("254:0".parse().unwrap()));
 /// assert_eq!(l.to_string(), "254:0 wbps=4194304 riops=max");
 /// assert!("db wbps=-1".parse::<IoMaxLine>().unwrap_err().to_string().starts_with("wbps:"));
 /// ```
@@ -257,12 +285,15 @@ mod tests {
 
     #[test]
     fn dev_numbers_split_as_glibc() {
-        assert_eq!(split_dev(0xfe00), (254, 0));
-        assert_eq!(split_dev(0x0801), (8, 1));
+        let split = |dev| DeviceNumber::of_dev(dev);
+        assert_eq!(split(0xfe00), DeviceNumber::new(254, 0));
+        assert_eq!(split(0x0801), DeviceNumber::new(8, 1));
         // major 259 (NVMe), minor 3
-        assert_eq!(split_dev((259 << 8) & 0xfff00 | 3), (259, 3));
+        assert_eq!(split((259 << 8) & 0xfff00 | 3), DeviceNumber::new(259, 3));
         // a major above 4095 lives in the high bits
-        assert_eq!(split_dev((0x1234u64 & !0xfff) << 32 | (0x1234 & 0xfff) << 8 | 7), (0x1234, 7));
+        assert_eq!(split((0x1234u64 & !0xfff) << 32 | (0x1234 & 0xfff) << 8 | 7), DeviceNumber::new(0x1234, 7));
+        assert_eq!("254:0".parse::<DeviceNumber>().unwrap().to_string(), "254:0");
+        assert_eq!("254:x".parse::<DeviceNumber>().unwrap_err().field, "254:x");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use kv_stage::iomax::{IoMax, IoMaxLine};
+use kv_stage::iomax::{DeviceNumber, IoMax, IoMaxLine};
 use kv_stage::paio::PaioOptions;
 use kv_stage::volumes::FIRST_FILE_VOLUME_INSTANCE;
 use kv_stage::{
@@ -34,7 +34,7 @@ fn the_example_file_builds_one_channel_per_volume() {
     assert_eq!(names, ["db", "logs", "254:0", "orders", "tenant-a", "backups"]);
     assert!(rules.volumes[5].tag.is_some());
     assert_eq!(rules.volumes[0].selector, VolumeSelector::Path("/var/lib/kvsds/db".into()));
-    assert_eq!(rules.volumes[2].selector, VolumeSelector::Device { major: 254, minor: 0 });
+    assert_eq!(rules.volumes[2].selector, VolumeSelector::Device(DeviceNumber::new(254, 0)));
     // Path and device volumes get instances from the reserved range, in order.
     let inst: Vec<Option<u16>> = rules.volumes.iter().map(|v| v.instance.map(|i| i.0)).collect();
     let f = FIRST_FILE_VOLUME_INSTANCE;
@@ -143,7 +143,7 @@ fn qos_specs_read_io_max_and_fields_but_not_both_for_one_key() {
     let Ok(ObjectSpec::Qos(a)) = spec("kind = \"qos\"\nlimits = \"rbps=8MiB wbps=max riops=200\"") else { panic!() };
     let Ok(ObjectSpec::Qos(b)) = spec("kind = \"qos\"\nrbps = \"8Mi\"\nwbps = \"max\"\nriops = 200") else { panic!() };
     assert_eq!(a, b);
-    assert_eq!(a.io_max_line(254, 0), "254:0 rbps=8388608 wbps=max riops=200 wiops=max");
+    assert_eq!(a.io_max_line(DeviceNumber::new(254, 0)), "254:0 rbps=8388608 wbps=max riops=200 wiops=max");
     // Shown with the keys it sets, in io.max syntax, and read back the same.
     let shown = toml::to_string(&ObjectSpec::Qos(a.clone())).unwrap();
     assert_eq!(shown, "kind = \"qos\"\nlimits = \"rbps=8388608 wbps=max riops=200\"\n");

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use kv_stage::iomax::split_dev;
+use kv_stage::iomax::DeviceNumber;
 
 /// `target/<profile>`: the directory of the running test or example's
 /// profile (tests live in `deps/`, examples in `examples/`).
@@ -236,12 +236,12 @@ pub struct BlkioCgroup {
 impl BlkioCgroup {
     /// Creates it with `file = "MAJ:MIN value"` lines, e.g.
     /// `("blkio.throttle.write_bps_device", 4194304)`.
-    pub fn new(name: &str, device: (u32, u32), limits: &[(&str, u64)]) -> std::io::Result<BlkioCgroup> {
+    pub fn new(name: &str, device: DeviceNumber, limits: &[(&str, u64)]) -> std::io::Result<BlkioCgroup> {
         let path = Path::new("/sys/fs/cgroup/blkio").join(format!("{name}-{}", std::process::id()));
         fs::create_dir(&path)?;
         let cg = BlkioCgroup { path };
         for (file, v) in limits {
-            fs::write(cg.path.join(file), format!("{}:{} {v}\n", device.0, device.1))?;
+            fs::write(cg.path.join(file), format!("{device} {v}\n"))?;
         }
         Ok(cg)
     }
@@ -261,16 +261,15 @@ impl Drop for BlkioCgroup {
 }
 
 /// The block device under `path` (its whole disk, for the throttle).
-pub fn device_of(path: &Path) -> (u32, u32) {
-    let (major, minor) = split_dev(fs::metadata(path).unwrap().dev());
-    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+pub fn device_of(path: &Path) -> DeviceNumber {
+    let dev = DeviceNumber::of_dev(fs::metadata(path).unwrap().dev());
+    let sys = PathBuf::from(format!("/sys/dev/block/{dev}"));
     if sys.join("partition").exists()
         && let Ok(parent) = fs::read_to_string(sys.join("../dev"))
-        && let Some((a, b)) = parent.trim().split_once(':')
     {
-        return (a.parse().unwrap(), b.parse().unwrap());
+        return parent.parse().unwrap();
     }
-    (major, minor)
+    dev
 }
 
 /// Writes a rules file atomically (write then rename), so a reader never

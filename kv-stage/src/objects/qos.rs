@@ -17,7 +17,7 @@ use super::drl::check_period;
 use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
-use crate::iomax::{IoMax, IoMaxLine, KEYS, parse_keys, write_keys};
+use crate::iomax::{DeviceNumber, IoMax, IoMaxLine, KEYS, parse_keys, write_keys};
 use crate::units::{Rate, RateUnit};
 
 /// Spec of a [`Qos`] object.
@@ -179,8 +179,8 @@ impl QosSpec {
 
     /// The cgroup v2 `io.max` line for a device, e.g.
     /// `8:0 rbps=8388608 wbps=max riops=200 wiops=max`.
-    pub fn io_max_line(&self, major: u32, minor: u32) -> String {
-        format!("{major}:{minor} {}", self.io_max())
+    pub fn io_max_line(&self, device: DeviceNumber) -> String {
+        format!("{device} {}", self.io_max())
     }
 
     /// IOPS limits are counts whatever unit they were written in.
@@ -437,9 +437,9 @@ mod tests {
         let s: ObjectSpec =
             toml::from_str("kind = \"qos\"\nrbps = \"8Mi\"\nwbps = \"4Mi\"\nriops = 200\nwiops = 100").unwrap();
         let ObjectSpec::Qos(q) = s else { panic!() };
-        assert_eq!(q.io_max_line(8, 0), "8:0 rbps=8388608 wbps=4194304 riops=200 wiops=100");
+        assert_eq!(q.io_max_line(DeviceNumber::new(8, 0)), "8:0 rbps=8388608 wbps=4194304 riops=200 wiops=100");
         let partial = QosSpec { wbps: q.wbps, ..Default::default() };
-        assert_eq!(partial.io_max_line(253, 1), "253:1 rbps=max wbps=4194304 riops=max wiops=max");
+        assert_eq!(partial.io_max_line(DeviceNumber::new(253, 1)), "253:1 rbps=max wbps=4194304 riops=max wiops=max");
         assert!(toml::from_str::<ObjectSpec>("kind = \"qos\"\nrbps = \"100ops/s\"").unwrap().validate().is_err());
     }
 

@@ -39,7 +39,7 @@ use serde::Deserialize;
 use super::Rule;
 use crate::context::{InstanceId, RequestContext};
 use crate::error::{Error, Location, Result};
-use crate::iomax::{IoMax, IoMaxLine, Target};
+use crate::iomax::{DeviceNumber, IoMax, IoMaxLine, Target};
 use crate::matching::Match;
 use crate::objects::{ObjectConfig, ObjectSpec, QosSpec};
 
@@ -59,12 +59,7 @@ pub enum VolumeSelector {
     /// path component: `/srv/db` holds `/srv/db/x`, not `/srv/dbx`).
     Path(PathBuf),
     /// Files on this block device (`st_dev` of the open file).
-    Device {
-        /// Major number.
-        major: u32,
-        /// Minor number.
-        minor: u32,
-    },
+    Device(DeviceNumber),
     /// Requests of one instance (a DB or store the application numbers).
     Instance(InstanceId),
     /// Requests tagged with one request context (a tenant).
@@ -151,9 +146,9 @@ impl Volume {
         }
     }
 
-    /// Whether a file on device `major:minor` belongs to this device volume.
-    pub fn holds_device(&self, major: u32, minor: u32) -> bool {
-        self.selector == VolumeSelector::Device { major, minor }
+    /// Whether a file on device `dev` belongs to this device volume.
+    pub fn holds_device(&self, dev: DeviceNumber) -> bool {
+        self.selector == VolumeSelector::Device(dev)
     }
 }
 
@@ -213,10 +208,10 @@ impl VolumeTable {
             }
             (VolumeSelector::Path(PathBuf::from(p)), Some(file_instance()), None)
         } else if let Some(d) = self.device {
-            let Ok(Target::Device { major, minor }) = Target::parse(&d) else {
+            let Ok(Target::Device(dev)) = Target::parse(&d) else {
                 return Err(err("device", format!("'{d}' is not MAJ:MIN (two numbers, such as 254:0)")));
             };
-            (VolumeSelector::Device { major, minor }, Some(file_instance()), Some(d))
+            (VolumeSelector::Device(dev), Some(file_instance()), Some(d))
         } else if let Some(i) = self.instance {
             if i >= FIRST_FILE_VOLUME_INSTANCE {
                 return Err(err(
@@ -241,7 +236,7 @@ impl VolumeTable {
         };
         match Target::parse(&name) {
             Ok(Target::Volume(_)) => {}
-            Ok(Target::Device { .. }) if matches!(selector, VolumeSelector::Device { .. }) => {}
+            Ok(Target::Device(_)) if matches!(selector, VolumeSelector::Device(_)) => {}
             _ => {
                 return Err(err(
                     "name",
@@ -251,7 +246,7 @@ impl VolumeTable {
         }
         let tag = match &self.tag {
             None => None,
-            Some(_) if !matches!(selector, VolumeSelector::Path(_) | VolumeSelector::Device { .. }) => {
+            Some(_) if !matches!(selector, VolumeSelector::Path(_) | VolumeSelector::Device(_)) => {
                 return Err(err("tag", "only path and device volumes tag their requests".into()));
             }
             Some(t) => Some(
