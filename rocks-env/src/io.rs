@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{Context, CounterArray, EnforceError, InstanceId, Reason, RequestContext, Stage, WorkflowId};
+use kv_stage::{Context, Counter, CounterArray, EnforceError, InstanceId, Reason, RequestContext, Stage, WorkflowId};
 use serde::Serialize;
 
 use crate::ffi::Sink;
@@ -28,32 +28,23 @@ fn cell(kind: FileKind, op: FileOp) -> usize {
     kind as usize * PER_KIND + i
 }
 
-/// `(ops, bytes)`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct OpsBytes {
-    /// Requests.
-    pub ops: u64,
-    /// Bytes.
-    pub bytes: u64,
-}
-
 /// What RocksDB read and wrote through the wrapper, per file kind (admitted
 /// requests only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct FileIo {
     /// Reads.
-    pub read: OpsBytes,
+    pub read: Counter,
     /// Writes (appends).
-    pub write: OpsBytes,
+    pub write: Counter,
     /// Syncs.
-    pub sync: OpsBytes,
+    pub sync: Counter,
     /// Opens, closes, deletes, renames, truncates, links, preallocations,
     /// directory creations and locks.
-    pub metadata: OpsBytes,
+    pub metadata: Counter,
     /// Readahead into the page cache (`Prefetch`): accounted here only. The
     /// reads that then take the data from the cache are the ones enforced
     /// and counted by the stage, so a byte is charged once.
-    pub prefetch: OpsBytes,
+    pub prefetch: Counter,
 }
 
 /// Per-file-kind I/O of one DB.
@@ -88,9 +79,9 @@ pub struct ClientIo {
     /// The client (tenant) context.
     pub client: RequestContext,
     /// File reads (admitted requests).
-    pub read: OpsBytes,
+    pub read: Counter,
     /// File writes (WAL appends, mostly).
-    pub written: OpsBytes,
+    pub written: Counter,
 }
 
 /// Background jobs of one class as the event listener reported them.
@@ -137,9 +128,9 @@ pub struct CompactionLevelStats {
     /// statistics, `total_output_bytes` and `total_input_bytes`).
     pub jobs: JobClassStats,
     /// Reads rocks-env tagged with the context (admitted requests).
-    pub read: OpsBytes,
+    pub read: Counter,
     /// Writes rocks-env tagged with the context.
-    pub written: OpsBytes,
+    pub written: Counter,
 }
 
 /// Background errors RocksDB reported for the DB.
@@ -400,7 +391,7 @@ impl DbIo {
 
     pub(crate) fn io_stats(&self) -> IoStats {
         let t = self.files.totals();
-        let ob = |i: usize| OpsBytes { ops: t[i].0, bytes: t[i].1 };
+        let ob = |i: usize| Counter { ops: t[i].0, bytes: t[i].1 };
         IoStats {
             files: FileKind::ALL
                 .iter()
@@ -427,8 +418,8 @@ impl DbIo {
             .filter_map(|i| {
                 Some(ClientIo {
                     client: RequestContext::from_id(i as u16)?,
-                    read: OpsBytes { ops: t[2 * i].0, bytes: t[2 * i].1 },
-                    written: OpsBytes { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
+                    read: Counter { ops: t[2 * i].0, bytes: t[2 * i].1 },
+                    written: Counter { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
                 })
             })
             .collect()
@@ -452,8 +443,8 @@ impl DbIo {
                 let s = CompactionLevelStats {
                     context: c,
                     jobs: jobs.by_context[i].snapshot(),
-                    read: OpsBytes { ops: t[2 * i].0, bytes: t[2 * i].1 },
-                    written: OpsBytes { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
+                    read: Counter { ops: t[2 * i].0, bytes: t[2 * i].1 },
+                    written: Counter { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
                 };
                 (s.jobs.begun > 0 || s.read.ops > 0 || s.written.ops > 0).then_some(s)
             })

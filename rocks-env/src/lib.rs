@@ -84,7 +84,7 @@ pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};
 pub use error::{Error, Result};
 pub use fault::{FaultInjection, FaultRule, IoActivity, PowerCutReport};
-pub use io::{BackgroundErrors, ClientIo, CompactionLevelStats, FileIo, IoStats, JobClassStats, JobStats, OpsBytes};
+pub use io::{BackgroundErrors, ClientIo, CompactionLevelStats, FileIo, IoStats, JobClassStats, JobStats};
 pub use kv_stage::{ContextScope, InstanceId, with_context};
 pub use layout::{LayoutHandles, RocksLayout};
 pub use tag::ClientScope;
