@@ -94,7 +94,7 @@ fn sample_stage(c: &Collection, s: &mut Sample) {
         s.bytes[k] += x.counter.bytes;
         s.ops[k] += x.counter.ops;
     }
-    let running = |ctx| c.jobs(ctx).running.min(255) as u8;
+    let running = |ctx| c.jobs(ctx).counts.running.min(255) as u8;
     s.jobs = [running(C::BG_FLUSH), running(C::BG_COMPACTION_L0_L1), running(C::BG_COMPACTION_LN)];
 }
 

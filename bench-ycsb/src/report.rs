@@ -255,7 +255,7 @@ impl LevelReport {
                 let before = |f: &dyn Fn(&rocks_env::CompactionLevelStats) -> u64| s.map_or(0, f);
                 let r = LevelReport {
                     context: e.context.name().to_owned(),
-                    jobs: e.jobs.completed.saturating_sub(before(&|s| s.jobs.completed)),
+                    jobs: e.jobs.counts.completed.saturating_sub(before(&|s| s.jobs.counts.completed)),
                     rocksdb_written: e.jobs.bytes_written.saturating_sub(before(&|s| s.jobs.bytes_written)),
                     rocksdb_read: e.jobs.bytes_read.saturating_sub(before(&|s| s.jobs.bytes_read)),
                     tagged_written: e.written.bytes.saturating_sub(before(&|s| s.written.bytes)),

@@ -416,8 +416,8 @@ impl LoopState {
                         .jobs
                         .iter()
                         .map(|j| {
-                            let before = p.instance_jobs(j.instance, j.context).begun;
-                            ((j.instance, j.context), j.begun.saturating_sub(before))
+                            let before = p.instance_jobs(j.instance, j.context).counts.begun;
+                            ((j.instance, j.context), j.counts.begun.saturating_sub(before))
                         })
                         .collect();
                     (collection.rates_since(p), begun)
@@ -432,8 +432,8 @@ impl LoopState {
                     let mut v: Vec<(String, u64)> = Vec::new();
                     for j in &collection.jobs {
                         match v.iter_mut().find(|(c, _)| c == j.context.name()) {
-                            Some(e) => e.1 += j.running,
-                            None => v.push((j.context.name().to_owned(), j.running)),
+                            Some(e) => e.1 += j.counts.running,
+                            None => v.push((j.context.name().to_owned(), j.counts.running)),
                         }
                     }
                     v

@@ -9,8 +9,8 @@
 
 use kv_stage::{
     ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, InstanceId, InstanceInfo,
-    JobCounters, Match, ObjectCounters, ObjectInfo, ObjectKind, ObjectSpec, ObjectStats, RequestContext, RouteInfo,
-    StageInfo, WorkflowCounters, WorkflowId,
+    JobCounters, JobCounts, Match, ObjectCounters, ObjectInfo, ObjectKind, ObjectSpec, ObjectStats, RequestContext,
+    RouteInfo, StageInfo, WorkflowCounters, WorkflowId,
 };
 
 use crate::pb;
@@ -97,9 +97,9 @@ pub(crate) fn collection(c: &Collection) -> pb::Collection {
             .map(|j| pb::JobCounters {
                 context: context_ref(j.context),
                 instance: u32::from(j.instance.0),
-                begun: j.begun,
-                completed: j.completed,
-                running: j.running,
+                begun: j.counts.begun,
+                completed: j.counts.completed,
+                running: j.counts.running,
             })
             .collect(),
     }
@@ -133,9 +133,7 @@ pub(crate) fn from_collection(c: pb::Collection) -> Decoded<Collection> {
             Some(JobCounters {
                 context: context(j.context.as_ref())?,
                 instance: InstanceId(u16::try_from(j.instance).unwrap_or(u16::MAX)),
-                begun: j.begun,
-                completed: j.completed,
-                running: j.running,
+                counts: JobCounts { begun: j.begun, completed: j.completed, running: j.running },
             })
         })
         .collect();

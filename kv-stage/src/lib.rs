@@ -90,8 +90,8 @@ pub use rules::volumes::{self, Volume, VolumeSelector};
 pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
 pub use stage::{
     ApplyReport, ChannelCounters, ChannelInfo, Checkpoint, Collection, ContextCounters, Counter, Coverage,
-    DEFAULT_CHANNEL, Enforce, InstanceInfo, JobCounters, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates,
-    RouteInfo, Stage, StageInfo, WorkflowCounters,
+    DEFAULT_CHANNEL, Enforce, InstanceInfo, JobCounters, JobCounts, ObjectCounters, ObjectHandle, ObjectInfo, RatePair,
+    Rates, RouteInfo, Stage, StageInfo, WorkflowCounters,
 };
 pub use stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
 pub use units::{Amount, Bandwidth, Rate, RateUnit};

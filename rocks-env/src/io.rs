@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{Context, Counter, CounterArray, EnforceError, InstanceId, Reason, RequestContext, Stage, WorkflowId};
+use kv_stage::{
+    Context, Counter, CounterArray, EnforceError, InstanceId, JobCounts, Reason, RequestContext, Stage, WorkflowId,
+};
 use serde::Serialize;
 
 use crate::ffi::Sink;
@@ -87,12 +89,10 @@ pub struct ClientIo {
 /// Background jobs of one class as the event listener reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct JobClassStats {
-    /// Jobs running now (begun, and neither completed nor retired).
-    pub running: u64,
-    /// Jobs begun so far.
-    pub begun: u64,
-    /// Jobs RocksDB reported as completed.
-    pub completed: u64,
+    /// Jobs begun so far, jobs RocksDB reported as completed, and jobs
+    /// running now (begun, and neither completed nor retired).
+    #[serde(flatten)]
+    pub counts: JobCounts,
     /// Jobs that ended without a completion report: failed or refused jobs,
     /// and jobs cut short when the DB closed.
     pub retired: u64,
@@ -150,24 +150,24 @@ struct ClassState {
 
 impl ClassState {
     fn begin(&mut self) {
-        if self.stats.running == 0 {
+        if self.stats.counts.running == 0 {
             self.busy_since = Some(Instant::now());
         }
-        self.stats.running += 1;
-        self.stats.begun += 1;
+        self.stats.counts.running += 1;
+        self.stats.counts.begun += 1;
     }
 
     fn end(&mut self, completed: Option<(u64, u64)>) {
-        self.stats.running = self.stats.running.saturating_sub(1);
+        self.stats.counts.running = self.stats.counts.running.saturating_sub(1);
         match completed {
             Some((written, read)) => {
-                self.stats.completed += 1;
+                self.stats.counts.completed += 1;
                 self.stats.bytes_written += written;
                 self.stats.bytes_read += read;
             }
             None => self.stats.retired += 1,
         }
-        if self.stats.running == 0
+        if self.stats.counts.running == 0
             && let Some(t) = self.busy_since.take()
         {
             self.stats.busy_ns += t.elapsed().as_nanos() as u64;
@@ -446,7 +446,7 @@ impl DbIo {
                     read: Counter { ops: t[2 * i].0, bytes: t[2 * i].1 },
                     written: Counter { ops: t[2 * i + 1].0, bytes: t[2 * i + 1].1 },
                 };
-                (s.jobs.begun > 0 || s.read.ops > 0 || s.written.ops > 0).then_some(s)
+                (s.jobs.counts.begun > 0 || s.read.ops > 0 || s.written.ops > 0).then_some(s)
             })
             .collect()
     }

@@ -46,7 +46,7 @@ fn ln_compaction_rate_follows_its_drl_and_clients_keep_their_pace() {
     let measured = ln.bytes as f64 / busy.as_secs_f64();
     eprintln!(
         "LN compactions: {} begun, busy {busy:?}, {} bytes through the LN DRL: {:.0} B/s (limit {LN_RATE:.0}); clients took {client_time:?}",
-        jobs.compaction_ln.begun, ln.bytes, measured
+        jobs.compaction_ln.counts.begun, ln.bytes, measured
     );
     assert!(busy >= Duration::from_secs(2), "too little LN compaction to measure: {jobs:?}");
     // Over the limit by more than 5% would be the DRL letting bytes

@@ -85,7 +85,7 @@ fn bytes_per_level_pair_match_rocksdb_job_statistics() {
         eprintln!(
             "{:>22}: {} jobs, RocksDB wrote {} read {}; tagged wrote {} read {}; stage wrote {} other {}",
             l.context.name(),
-            l.jobs.completed,
+            l.jobs.counts.completed,
             l.jobs.bytes_written,
             l.jobs.bytes_read,
             l.written.bytes,
@@ -96,7 +96,7 @@ fn bytes_per_level_pair_match_rocksdb_job_statistics() {
     }
     for c in [C::BG_COMPACTION_L0_L1, C::BG_COMPACTION_L1_L2, C::BG_COMPACTION_L2_L3] {
         let l = level(&levels, c).unwrap_or_else(|| panic!("no {c} compaction ran: {levels:?}"));
-        assert!(l.jobs.completed >= 1 && l.jobs.retired == 0, "{c}: {:?}", l.jobs);
+        assert!(l.jobs.counts.completed >= 1 && l.jobs.retired == 0, "{c}: {:?}", l.jobs);
     }
     // Besides its output files, a compaction writes its MANIFEST edit (a
     // few hundred bytes) on its own thread, with its context: a trivial move
@@ -111,7 +111,7 @@ fn bytes_per_level_pair_match_rocksdb_job_statistics() {
         // tagged, and both match the output RocksDB reported for its jobs.
         assert_eq!(stage_bytes(c, "writes"), l.written.bytes, "{c}");
         assert!(
-            within(l.written.bytes, l.jobs.bytes_written, l.jobs.completed),
+            within(l.written.bytes, l.jobs.bytes_written, l.jobs.counts.completed),
             "{c}: tagged {} B written, RocksDB reported {} B",
             l.written.bytes,
             l.jobs.bytes_written
@@ -190,11 +190,11 @@ fn a_drl_on_l2_l3_throttles_only_those_compactions() {
     eprintln!(
         "L2->L3: {} jobs, {} B through the DRL in {:.2} s busy: {:.0} B/s (limit {RATE:.0}); \
          L1->L2: {} jobs, {} B in {:.2} s busy: {:.0} B/s",
-        l23.jobs.begun,
+        l23.jobs.counts.begun,
         drl.counter.bytes,
         secs(l23.jobs.busy_ns),
         l23_rate,
-        l12.jobs.begun,
+        l12.jobs.counts.begun,
         noop.counter.bytes,
         secs(l12.jobs.busy_ns),
         l12_rate

@@ -187,9 +187,9 @@ fn a_refused_flush_leaves_no_running_job_and_its_cleanup_is_background() {
     // RocksDB reports the failure as a background error, on the flush thread.
     wait_for("the background error", Duration::from_secs(10), || db.background_errors().count > 0);
     wait_for("the failed flush's task to end", Duration::from_secs(10), || db.jobs().flush.retired > 0);
-    let running = stage.collect().jobs(C::BG_FLUSH).running;
+    let running = stage.collect().jobs(C::BG_FLUSH).counts.running;
     assert_eq!(running, 0, "the failed flush still counts as running on the stage");
-    assert_eq!(db.jobs().flush.running, 0, "the failed flush still counts as running in the DB");
+    assert_eq!(db.jobs().flush.counts.running, 0, "the failed flush still counts as running in the DB");
     drop(db);
 
     // Reopen on the same stage. A flush now succeeds; the purge that deletes
@@ -207,7 +207,7 @@ fn a_refused_flush_leaves_no_running_job_and_its_cleanup_is_background() {
     assert_eq!(after[0], before[0], "the WAL purge after a flush was tagged foreground");
     assert_eq!(after[1], before[1], "the WAL purge after a flush was tagged as the flush");
     assert!(after[2] > before[2], "the WAL purge after a flush was not tagged background");
-    assert_eq!(stage.collect().jobs(C::BG_FLUSH).running, 0);
+    assert_eq!(stage.collect().jobs(C::BG_FLUSH).counts.running, 0);
 }
 
 /// Two DBs share a stage, each with its own layout. The first closes while
@@ -241,19 +241,19 @@ fn a_db_closed_mid_compaction_leaves_no_running_job_on_a_shared_stage() {
         db1.flush().unwrap();
     }
     wait_for("db1's L0 compaction", Duration::from_secs(20), || {
-        stage.collect().jobs(C::BG_COMPACTION_L0_L1).running > 0
+        stage.collect().jobs(C::BG_COMPACTION_L0_L1).counts.running > 0
     });
     std::thread::sleep(Duration::from_millis(300));
     drop_within_a_second(db1, &[&l1.compaction_l0]);
     let jobs = stage.collect().jobs(C::BG_COMPACTION_L0_L1);
-    assert_eq!(jobs.running, 0, "db1's compaction still counts as running after db1 closed: {jobs:?}");
+    assert_eq!(jobs.counts.running, 0, "db1's compaction still counts as running after db1 closed: {jobs:?}");
 
     // db2 goes on: its flush is counted as its flush, and it ends.
     for i in 0..300u64 {
         db2.put(key(i), value(i, 1024)).unwrap();
     }
     db2.flush().unwrap();
-    wait_for("db2's flush to end", Duration::from_secs(10), || stage.collect().jobs(C::BG_FLUSH).running == 0);
+    wait_for("db2's flush to end", Duration::from_secs(10), || stage.collect().jobs(C::BG_FLUSH).counts.running == 0);
     assert!(stage.collect().channel("db2.flush").unwrap().bytes > 300 * 1024);
 
     // db1 reopens on the same stage and finishes its compaction; then
@@ -263,8 +263,9 @@ fn a_db_closed_mid_compaction_leaves_no_running_job_on_a_shared_stage() {
     assert_eq!(db1.get(key(5)).unwrap().as_deref(), Some(&value(7, 1024)[..]));
     wait_idle(&db1, Duration::from_secs(20));
     let c = stage.collect();
-    let running =
-        c.jobs(C::BG_COMPACTION_L0_L1).running + c.jobs(C::BG_FLUSH).running + c.jobs(C::BG_COMPACTION_LN).running;
+    let running = c.jobs(C::BG_COMPACTION_L0_L1).counts.running
+        + c.jobs(C::BG_FLUSH).counts.running
+        + c.jobs(C::BG_COMPACTION_LN).counts.running;
     assert_eq!(running, 0, "jobs still count as running with both DBs idle: {:?}", c.jobs);
 }
 
@@ -320,7 +321,7 @@ fn compaction_readahead_is_accounted_and_its_reads_enforced() {
     }
     wait_idle(&db, Duration::from_secs(30));
     let jobs = db.jobs();
-    assert!(jobs.compaction_l0.completed > 0, "no L0 compaction ran");
+    assert!(jobs.compaction_l0.counts.completed > 0, "no L0 compaction ran");
     let sst = db.io_stats().kind(rocks_env::FileKind::Sst);
     let read_by_compactions = stage.collect().object("l0", "other").map_or(0, |o| o.counter.bytes);
     eprintln!(

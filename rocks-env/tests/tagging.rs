@@ -43,8 +43,8 @@ fn flush_compaction_and_wal_bytes_are_tagged_and_nothing_escapes() {
     eprintln!("jobs: {jobs:?}");
     eprintln!("stage writes: fg {fg_w} flush {flush_w} l0 {l0_w} ln {ln_w} unknown {unknown_w} bg {bg_w}; wal {wal}");
 
-    assert!(jobs.flush.completed >= 20, "expected many flushes: {jobs:?}");
-    assert!(jobs.compaction_l0.completed >= 5 && jobs.compaction_ln.completed >= 1, "{jobs:?}");
+    assert!(jobs.flush.counts.completed >= 20, "expected many flushes: {jobs:?}");
+    assert!(jobs.compaction_l0.counts.completed >= 5 && jobs.compaction_ln.counts.completed >= 1, "{jobs:?}");
 
     // Flush writes = SST bytes the flushes produced (plus a few hundred
     // bytes of MANIFEST edit per flush).

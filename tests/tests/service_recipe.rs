@@ -93,8 +93,12 @@ fn the_service_recipe_end_to_end() {
     // SILK ran, and saw the bulk job's flushes.
     let log = db.decisions();
     assert!(!log.is_empty() && log.iter().all(|r| r.policy == "silk"), "{} cycles", log.len());
-    let flushes =
-        c.jobs.iter().filter(|j| j.context == kv_stage::RequestContext::BG_FLUSH).map(|j| j.completed).sum::<u64>();
+    let flushes = c
+        .jobs
+        .iter()
+        .filter(|j| j.context == kv_stage::RequestContext::BG_FLUSH)
+        .map(|j| j.counts.completed)
+        .sum::<u64>();
     assert!(flushes >= 2, "{flushes} flushes");
 
     // Reopened with plain RocksDB: every acknowledged write is there.

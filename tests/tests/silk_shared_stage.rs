@@ -51,7 +51,7 @@ fn silk_splits_what_is_left_between_two_dbs_flushing_at_once() {
         f.set_wait(false);
         db1.flush_opt(&f).unwrap();
         db2.flush_opt(&f).unwrap();
-        wait_for("both flushes", Duration::from_secs(30), || stage.collect().jobs(C::BG_FLUSH).running == 0);
+        wait_for("both flushes", Duration::from_secs(30), || stage.collect().jobs(C::BG_FLUSH).counts.running == 0);
     }
     let log = ctl.stop();
 

@@ -275,9 +275,9 @@ impl Adaptive {
             "b_l0_bps": rate_note(x.b_l0),
             "b_ln_bps": rate_note(x.b_ln),
             "running": {
-                "flush": v.jobs(C::BG_FLUSH).running,
-                "l0": v.jobs(C::BG_COMPACTION_L0_L1).running,
-                "ln": v.jobs(C::BG_COMPACTION_LN).running,
+                "flush": v.jobs(C::BG_FLUSH).counts.running,
+                "l0": v.jobs(C::BG_COMPACTION_L0_L1).counts.running,
+                "ln": v.jobs(C::BG_COMPACTION_LN).counts.running,
             },
         })
     }

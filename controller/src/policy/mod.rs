@@ -151,7 +151,7 @@ impl InstanceView {
             .collection
             .jobs
             .iter()
-            .filter(|j| ctx.covers(j.context) && j.running > 0)
+            .filter(|j| ctx.covers(j.context) && j.counts.running > 0)
             .map(|j| j.instance)
             .chain(self.jobs_begun.iter().filter(|((_, c), n)| ctx.covers(*c) && **n > 0).map(|((i, _), _)| *i))
             .collect();

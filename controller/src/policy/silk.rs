@@ -197,9 +197,9 @@ impl Policy for Silk {
                 "l0_bps": v.rates.context(C::BG_COMPACTION_L0_L1).bytes_per_sec,
                 "ln_bps": v.rates.context(C::BG_COMPACTION_LN).bytes_per_sec + v.rates.context(C::BG_COMPACTION).bytes_per_sec,
                 "running": {
-                    "flush": v.jobs(C::BG_FLUSH).running,
-                    "l0": v.jobs(C::BG_COMPACTION_L0_L1).running,
-                    "ln": v.jobs(C::BG_COMPACTION_LN).running,
+                    "flush": v.jobs(C::BG_FLUSH).counts.running,
+                    "l0": v.jobs(C::BG_COMPACTION_L0_L1).counts.running,
+                    "ln": v.jobs(C::BG_COMPACTION_LN).counts.running,
                 },
                 "flush_active": s.flush_active,
                 "l0_active": s.l0_active,

@@ -344,12 +344,33 @@ pub struct JobCounters {
     pub context: RequestContext,
     /// Instance.
     pub instance: InstanceId,
+    /// Its jobs.
+    #[serde(flatten)]
+    pub counts: JobCounts,
+}
+
+/// How many jobs began, completed and run now: the counts every report of
+/// background jobs shares (the stage's [`JobCounters`], rocks-env's per-class
+/// job statistics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct JobCounts {
     /// Jobs begun.
     pub begun: u64,
     /// Jobs completed.
     pub completed: u64,
-    /// Jobs running now (`begun - completed`).
+    /// Jobs running now.
     pub running: u64,
+}
+
+impl JobCounts {
+    /// The sum of both.
+    pub fn plus(self, o: JobCounts) -> JobCounts {
+        JobCounts {
+            begun: self.begun + o.begun,
+            completed: self.completed + o.completed,
+            running: self.running + o.running,
+        }
+    }
 }
 
 impl Collection {
@@ -367,15 +388,9 @@ impl Collection {
     /// summed over instances (zero when none were reported; the `instance`
     /// field is then meaningless).
     pub fn jobs(&self, ctx: RequestContext) -> JobCounters {
-        self.jobs.iter().filter(|j| ctx.covers(j.context)).fold(
-            JobCounters { context: ctx, instance: InstanceId(0), begun: 0, completed: 0, running: 0 },
-            |mut acc, j| {
-                acc.begun += j.begun;
-                acc.completed += j.completed;
-                acc.running += j.running;
-                acc
-            },
-        )
+        let counts =
+            self.jobs.iter().filter(|j| ctx.covers(j.context)).fold(JobCounts::default(), |a, j| a.plus(j.counts));
+        JobCounters { context: ctx, instance: InstanceId(0), counts }
     }
 
     /// Jobs of a request context in one instance.
@@ -383,9 +398,7 @@ impl Collection {
         self.jobs.iter().find(|j| j.context == ctx && j.instance == instance).copied().unwrap_or(JobCounters {
             context: ctx,
             instance,
-            begun: 0,
-            completed: 0,
-            running: 0,
+            counts: JobCounts::default(),
         })
     }
 

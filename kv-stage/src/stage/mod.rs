@@ -37,7 +37,8 @@ use crate::stats::Counters;
 use info::coverage;
 pub use info::{
     ApplyReport, ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, InstanceInfo,
-    JobCounters, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, StageInfo, WorkflowCounters,
+    JobCounters, JobCounts, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, Rates, RouteInfo, StageInfo,
+    WorkflowCounters,
 };
 use model::{ChannelModel, Model, RouteModel, SlotUse, Txn};
 use snapshot::{LAYOUT_CACHE, Layout, NO_OBJECT, Route, compile, route_key};
@@ -732,7 +733,11 @@ impl Stage {
                 .iter()
                 .map(|(&(instance, context), &(begun, completed))| {
                     let completed = completed.min(begun);
-                    JobCounters { context, instance, begun, completed, running: begun - completed }
+                    JobCounters {
+                        context,
+                        instance,
+                        counts: JobCounts { begun, completed, running: begun - completed },
+                    }
                 })
                 .collect(),
         }

@@ -95,7 +95,11 @@ pub fn wait_idle(db: &StagedDb, timeout: Duration) {
             + p("rocksdb.compaction-pending")
             + p("rocksdb.mem-table-flush-pending");
         let j = db.jobs();
-        if busy == 0 && j.flush.running == 0 && j.compaction_l0.running == 0 && j.compaction_ln.running == 0 {
+        if busy == 0
+            && j.flush.counts.running == 0
+            && j.compaction_l0.counts.running == 0
+            && j.compaction_ln.counts.running == 0
+        {
             return;
         }
         assert!(Instant::now() < deadline, "RocksDB still busy after {timeout:?}: {j:?}");
