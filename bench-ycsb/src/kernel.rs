@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kv_stage::iomax::{DeviceNumber, IoMax};
+use kv_stage::iomax::{DeviceNumber, IoMax, Limit};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -300,7 +300,8 @@ impl KernelDevice {
                     "blkio.throttle.write_iops_device",
                 ];
                 for ((_, limit), file) in self.limits.entries().into_iter().zip(files) {
-                    if let Some(v) = limit {
+                    // v1 has no `max`: a key with no limit is not written.
+                    if let Some(Limit::PerSec(v)) = limit {
                         write(file, format!("{disk} {v}"))?;
                     }
                 }

@@ -262,7 +262,7 @@ impl FromStr for DeviceSpec {
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         if let Some(rest) = s.strip_prefix("kernel:") {
-            let l = IoMax::parse(rest).map_err(|e| Error::Usage(format!("--device kernel: {e}")))?;
+            let l = IoMax::parse(rest).map_err(|e| Error::Usage(format!("--device kernel: {e}")))?.in_effect();
             if l.is_unlimited() {
                 return Err(Error::Usage(
                     "--device kernel: no limit given (set at least one of rbps, wbps, riops, wiops)".into(),

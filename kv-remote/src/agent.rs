@@ -1124,7 +1124,7 @@ impl Shared {
                 Ok(())
             }
             ObjectSpec::Qos(q) => {
-                for (k, r) in [("rbps", q.rbps), ("wbps", q.wbps), ("riops", q.riops), ("wiops", q.wiops)] {
+                for (k, r) in q.limits.rates() {
                     self.check_flow(&format!("{label} {k}"), r, q.refill_period)?;
                 }
                 Ok(())
@@ -1154,12 +1154,7 @@ impl Shared {
             Some(ObjectSpec::Qos(q)) => {
                 let s: QosSpec = set.parse("qos").map_err(|e| format!("{label}: {}: {}", e.field, e.message))?;
                 let period = s.refill_period.or(q.refill_period);
-                for (k, new, old) in [
-                    ("rbps", s.rbps, q.rbps),
-                    ("wbps", s.wbps, q.wbps),
-                    ("riops", s.riops, q.riops),
-                    ("wiops", s.wiops, q.wiops),
-                ] {
+                for ((k, new), (_, old)) in s.limits.rates().into_iter().zip(q.limits.rates()) {
                     self.check_flow(&format!("{label} {k}"), new.or(old), period)?;
                 }
                 Ok(())

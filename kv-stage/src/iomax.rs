@@ -10,11 +10,13 @@
 //! `blkio.throttle.*` files as is.
 //!
 //! ```
-//! use kv_stage::iomax::IoMax;
+//! use kv_stage::iomax::{IoMax, Limit};
 //! let l: IoMax = "wbps=4MiB riops=max".parse().unwrap();
-//! assert_eq!(l.wbps, Some(4 << 20));
-//! assert_eq!(l.riops, None);
+//! assert_eq!(l.wbps, Some(Limit::PerSec(4 << 20)));
+//! assert_eq!(l.riops, Some(Limit::Max));
+//! assert_eq!(l.rbps, None); // not given
 //! assert_eq!(l.to_string(), "rbps=max wbps=4194304 riops=max wiops=max");
+//! assert_eq!(l.given().to_string(), "wbps=4194304 riops=max");
 //! let e = "wbps=-1".parse::<IoMax>().unwrap_err();
 //! assert!(e.to_string().starts_with("wbps:"), "{e}");
 //! ```
@@ -23,22 +25,58 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::FieldError;
-use crate::units::{UnitError, parse_bytes};
+use crate::units::{Rate, RateUnit, UnitError, parse_bytes};
 
 /// The four `io.max` keys, in the kernel's order.
 pub const KEYS: [&str; 4] = ["rbps", "wbps", "riops", "wiops"];
 
-/// Read and write limits of one volume; `None` is unlimited (`max`).
+/// One `io.max` key's limit: `max`, or a positive whole number per second
+/// (bytes for `rbps` and `wbps`, operations for `riops` and `wiops`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// No limit.
+    Max,
+    /// At most this many bytes or operations per second (at least 1).
+    PerSec(u64),
+}
+
+impl Limit {
+    /// The number, `None` for `max`.
+    pub fn per_sec(self) -> Option<u64> {
+        match self {
+            Limit::Max => None,
+            Limit::PerSec(n) => Some(n),
+        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Limit::Max => f.write_str("max"),
+            Limit::PerSec(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Per-volume limits: the four `io.max` keys by name, each `None` where it
+/// is not given. The one type for them everywhere: a volume's limits, an
+/// `io.max` line ([`IoMaxLine`]), a QoS object's spec and its changes
+/// ([`QosSpec`](crate::QosSpec)), a kernel throttle's settings.
+///
+/// As a volume's limits, a key not given is `max` (as in a fresh cgroup);
+/// as a change, a key not given keeps its limit ([`then`](Self::then)), as
+/// a write to the kernel's `io.max` does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct IoMax {
     /// Read bytes per second.
-    pub rbps: Option<u64>,
+    pub rbps: Option<Limit>,
     /// Written bytes per second.
-    pub wbps: Option<u64>,
+    pub wbps: Option<Limit>,
     /// Read operations per second.
-    pub riops: Option<u64>,
+    pub riops: Option<Limit>,
     /// Write operations per second.
-    pub wiops: Option<u64>,
+    pub wiops: Option<Limit>,
 }
 
 fn bad(key: &str, message: impl Into<String>) -> FieldError {
@@ -47,10 +85,10 @@ fn bad(key: &str, message: impl Into<String>) -> FieldError {
 
 /// A value: `max`, or a positive amount. Byte keys take size units and an
 /// optional `/s`; iops keys take a count with an optional `k`/`M` and `/s`.
-fn value(key: &str, v: &str, bytes: bool) -> Result<Option<u64>, FieldError> {
+fn value(key: &str, v: &str, bytes: bool) -> Result<Limit, FieldError> {
     let v = v.trim();
     if v == "max" {
-        return Ok(None);
+        return Ok(Limit::Max);
     }
     let per = v.strip_suffix("/s").unwrap_or(v);
     let parsed: Result<f64, UnitError> = if bytes {
@@ -77,50 +115,112 @@ fn value(key: &str, v: &str, bytes: bool) -> Result<Option<u64>, FieldError> {
     if n >= u64::MAX as f64 {
         return Err(bad(key, format!("'{v}' is too large")));
     }
-    Ok(Some(n.round() as u64))
+    Ok(Limit::PerSec(n.round() as u64))
 }
 
 impl IoMax {
-    /// No limit at all.
+    /// No key given: no limit at all.
     pub const UNLIMITED: IoMax = IoMax { rbps: None, wbps: None, riops: None, wiops: None };
 
-    /// True when no key has a limit.
+    /// True when no key has a limit (each is not given or `max`).
     pub fn is_unlimited(&self) -> bool {
-        *self == IoMax::UNLIMITED
+        self.entries().iter().all(|(_, l)| l.is_none_or(|l| l == Limit::Max))
     }
 
-    /// The limits with their keys, in the kernel's order.
-    pub fn entries(&self) -> [(&'static str, Option<u64>); 4] {
+    /// The keys with their limits, in the kernel's order.
+    pub fn entries(&self) -> [(&'static str, Option<Limit>); 4] {
         [("rbps", self.rbps), ("wbps", self.wbps), ("riops", self.riops), ("wiops", self.wiops)]
     }
 
+    /// The keys as rates, in the kernel's order: bytes per second for
+    /// `rbps` and `wbps`, operations per second for `riops` and `wiops`;
+    /// unlimited for `max`, `None` where a key is not given.
+    pub fn rates(&self) -> [(&'static str, Option<Rate>); 4] {
+        let rate = |l: Option<Limit>, unit: RateUnit| {
+            l.map(|l| match l {
+                // A u64 as f64 is finite and non-negative: `new` cannot fail.
+                Limit::PerSec(n) => Rate::new(n as f64, unit).unwrap_or(Rate::unlimited(unit)),
+                Limit::Max => Rate::unlimited(unit),
+            })
+        };
+        [
+            ("rbps", rate(self.rbps, RateUnit::Bytes)),
+            ("wbps", rate(self.wbps, RateUnit::Bytes)),
+            ("riops", rate(self.riops, RateUnit::Ops)),
+            ("wiops", rate(self.wiops, RateUnit::Ops)),
+        ]
+    }
+
+    /// The limits in effect, one form for each: `None` for a key with no
+    /// limit (not given, or `max`), so that equal limits compare equal.
+    pub fn in_effect(self) -> IoMax {
+        let f = |l: Option<Limit>| l.filter(|l| *l != Limit::Max);
+        IoMax { rbps: f(self.rbps), wbps: f(self.wbps), riops: f(self.riops), wiops: f(self.wiops) }
+    }
+
+    /// Every key given: `max` for a key with no limit (as the kernel shows
+    /// `io.max`, and as a change that sets all four).
+    pub fn every_key(self) -> IoMax {
+        let f = |l: Option<Limit>| Some(l.unwrap_or(Limit::Max));
+        IoMax { rbps: f(self.rbps), wbps: f(self.wbps), riops: f(self.riops), wiops: f(self.wiops) }
+    }
+
+    /// These limits after a change: the keys `change` gives replace these,
+    /// the others stay (the kernel's reading of a write to `io.max`).
+    pub fn then(self, change: IoMax) -> IoMax {
+        IoMax {
+            rbps: change.rbps.or(self.rbps),
+            wbps: change.wbps.or(self.wbps),
+            riops: change.riops.or(self.riops),
+            wiops: change.wiops.or(self.wiops),
+        }
+    }
+
+    /// Only the keys given, as an `io.max` line writes them
+    /// (`wbps=4194304 riops=max`); empty when none is.
+    pub fn given(&self) -> impl fmt::Display + '_ {
+        Given(self)
+    }
+
     /// Parses `key=value` pairs separated by spaces or commas. Each key at
-    /// most once; an empty line is [`IoMax::UNLIMITED`].
+    /// most once; `max` is [`Limit::Max`]; a key left out is `None`.
     pub fn parse(s: &str) -> Result<IoMax, FieldError> {
-        let [rbps, wbps, riops, wiops] = parse_keys(s)?.map(Option::flatten);
-        Ok(IoMax { rbps, wbps, riops, wiops })
+        let mut out = IoMax::UNLIMITED;
+        for token in s.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
+            let (k, v) =
+                token.split_once('=').ok_or_else(|| bad(token, "is not key=value (keys: rbps, wbps, riops, wiops)"))?;
+            let k = k.trim();
+            let (slot, bytes) = match k {
+                "rbps" => (&mut out.rbps, true),
+                "wbps" => (&mut out.wbps, true),
+                "riops" => (&mut out.riops, false),
+                "wiops" => (&mut out.wiops, false),
+                _ => return Err(bad(k, "unknown key (keys: rbps, wbps, riops, wiops)")),
+            };
+            if slot.is_some() {
+                return Err(bad(k, "given twice"));
+            }
+            *slot = Some(value(k, v, bytes)?);
+        }
+        Ok(out)
     }
 }
 
-/// The keys a line sets, in the kernel's order: `None` where the key is
-/// absent, `Some(None)` where it is `max`. The kernel reads a write to
-/// `io.max` this way: absent keys keep their limit.
-pub(crate) fn parse_keys(s: &str) -> Result<[Option<Option<u64>>; 4], FieldError> {
-    let mut out = [None; 4];
-    for token in s.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
-        let (k, v) =
-            token.split_once('=').ok_or_else(|| bad(token, "is not key=value (keys: rbps, wbps, riops, wiops)"))?;
-        let k = k.trim();
-        let i = KEYS
-            .iter()
-            .position(|&key| key == k)
-            .ok_or_else(|| bad(k, "unknown key (keys: rbps, wbps, riops, wiops)"))?;
-        if out[i].is_some() {
-            return Err(bad(k, "given twice"));
+struct Given<'a>(&'a IoMax);
+
+impl fmt::Display for Given<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for (k, l) in self.0.entries() {
+            let Some(l) = l else { continue };
+            if !first {
+                f.write_str(" ")?;
+            }
+            first = false;
+            write!(f, "{k}={l}")?;
         }
-        out[i] = Some(value(k, v, i < 2)?);
+        Ok(())
     }
-    Ok(out)
 }
 
 /// A block device's number, `MAJ:MIN`: what `io.max` lines, cgroup v1
@@ -215,9 +315,8 @@ impl Target {
 pub struct IoMaxLine {
     /// What the line limits.
     pub target: Target,
-    /// `rbps`, `wbps`, `riops`, `wiops`: `None` where the line leaves the
-    /// key out, `Some(None)` where it says `max`.
-    pub keys: [Option<Option<u64>>; 4],
+    /// The keys the line gives (those it leaves out are `None`).
+    pub limits: IoMax,
 }
 
 impl FromStr for IoMaxLine {
@@ -225,33 +324,18 @@ impl FromStr for IoMaxLine {
     fn from_str(s: &str) -> Result<Self, FieldError> {
         let s = s.trim();
         let (target, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));
-        Ok(IoMaxLine { target: Target::parse(target)?, keys: parse_keys(rest)? })
+        Ok(IoMaxLine { target: Target::parse(target)?, limits: IoMax::parse(rest)? })
     }
 }
 
 impl fmt::Display for IoMaxLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.target)?;
-        write_keys(f, &self.keys, true)
-    }
-}
-
-/// Writes the keys that are set, each after a space (or the first without
-/// one when `leading_space` is false).
-pub(crate) fn write_keys(f: &mut impl fmt::Write, keys: &[Option<Option<u64>>; 4], leading_space: bool) -> fmt::Result {
-    let mut first = !leading_space;
-    for (k, v) in KEYS.iter().zip(keys) {
-        let Some(v) = v else { continue };
-        if !first {
-            f.write_char(' ')?;
+        if !self.limits.given().to_string().is_empty() {
+            write!(f, " {}", self.limits.given())?;
         }
-        first = false;
-        match v {
-            Some(n) => write!(f, "{k}={n}")?,
-            None => write!(f, "{k}=max")?,
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 impl FromStr for IoMax {
@@ -262,9 +346,12 @@ impl FromStr for IoMax {
 }
 
 impl fmt::Display for IoMax {
-    /// The kernel's own form: every key, `max` where unlimited.
+    /// The kernel's own form: every key, `max` where there is no limit.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_keys(f, &[Some(self.rbps), Some(self.wbps), Some(self.riops), Some(self.wiops)], false)
+        let full = |l: Option<Limit>| Some(l.unwrap_or(Limit::Max));
+        let all =
+            IoMax { rbps: full(self.rbps), wbps: full(self.wbps), riops: full(self.riops), wiops: full(self.wiops) };
+        all.given().fmt(f)
     }
 }
 
@@ -275,11 +362,16 @@ mod tests {
     #[test]
     fn kernel_syntax_and_human_units() {
         let l = IoMax::parse("rbps=125MiB/s wbps=max riops=3000 wiops=3k").unwrap();
-        assert_eq!(l, IoMax { rbps: Some(125 << 20), wbps: None, riops: Some(3000), wiops: Some(3000) });
+        let n = |v| Some(Limit::PerSec(v));
+        assert_eq!(l, IoMax { rbps: n(125 << 20), wbps: Some(Limit::Max), riops: n(3000), wiops: n(3000) });
         assert_eq!(l.to_string(), "rbps=131072000 wbps=max riops=3000 wiops=3000");
         assert_eq!(IoMax::parse(&l.to_string()).unwrap(), l);
-        assert_eq!(IoMax::parse("wbps=64M,rbps=1048576").unwrap().rbps, Some(1 << 20));
-        assert_eq!(IoMax::parse("wbps=64M").unwrap().wbps, Some(64_000_000));
+        assert_eq!(IoMax::parse("wbps=64M,rbps=1048576").unwrap().rbps, n(1 << 20));
+        assert_eq!(IoMax::parse("wbps=64M").unwrap().wbps, n(64_000_000));
+        assert_eq!(
+            IoMax::parse("wbps=64M").unwrap().then(IoMax::parse("rbps=1 wbps=max").unwrap()).to_string(),
+            "rbps=1 wbps=max riops=max wiops=max"
+        );
         assert!(IoMax::parse("").unwrap().is_unlimited());
     }
 

@@ -55,13 +55,7 @@ fn an_ops_limiter_is_not_charged_bytes_and_a_qos_object_charges_its_read_bandwid
     assert!(t.elapsed() < Duration::from_millis(100), "an ops limiter waited for bytes: {:?}", t.elapsed());
     assert_eq!(ops.collect().channel("default").unwrap().bytes, 2 + (10 << 20));
 
-    let qos = stage_with(ObjectSpec::Qos(QosSpec {
-        rbps: Some("100KiB/s".parse().unwrap()),
-        wbps: None,
-        riops: None,
-        wiops: None,
-        refill_period: None,
-    }));
+    let qos = stage_with(ObjectSpec::Qos(QosSpec { limits: "rbps=100KiB".parse().unwrap(), refill_period: None }));
     qos.enforce(&get(1)).unwrap();
     qos.charge(&get(1), 30 << 10);
     let t = Instant::now();

@@ -15,7 +15,7 @@ fn fg() -> Context {
 }
 
 fn wbps_8mib() -> QosSpec {
-    QosSpec { wbps: Some("8MiB/s".parse().unwrap()), ..QosSpec::default() }
+    QosSpec { limits: "wbps=8MiB".parse().unwrap(), ..QosSpec::default() }
 }
 
 fn tenant_stage() -> Arc<Stage> {

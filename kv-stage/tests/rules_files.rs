@@ -155,7 +155,7 @@ fn example_rules_files_load() {
     match stage.object("vol0", "limits").unwrap().spec() {
         Some(ObjectSpec::Qos(q)) => {
             assert_eq!(q.io_max().wbps, None, "the configure rule lifted the write limit");
-            assert_eq!(q.riops.unwrap().per_sec(), 200.0);
+            assert_eq!(q.limits.riops, Some(kv_stage::iomax::Limit::PerSec(200)));
         }
         other => panic!("{other:?}"),
     }

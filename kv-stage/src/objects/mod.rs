@@ -222,7 +222,10 @@ impl ObjectConfig {
         for (k, v) in map.iter() {
             let one = serde_json::Map::from_iter([(k.clone(), v.clone())]);
             if let Err(e) = serde_json::from_value::<S>(serde_json::Value::Object(one)) {
-                return Err(FieldError::new(k.clone(), e.to_string()));
+                // A message that names its field already does not name it twice.
+                let m = e.to_string();
+                let m = m.strip_prefix(k.as_str()).and_then(|m| m.strip_prefix(": ")).unwrap_or(&m);
+                return Err(FieldError::new(k.clone(), m));
             }
         }
         serde_json::from_value(serde_json::Value::Object(map.into_owned()))

@@ -17,7 +17,7 @@ use super::drl::check_period;
 use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
-use crate::iomax::{DeviceNumber, IoMax, IoMaxLine, KEYS, parse_keys, write_keys};
+use crate::iomax::{DeviceNumber, IoMax, IoMaxLine, Limit};
 use crate::units::{Rate, RateUnit};
 
 /// Spec of a [`Qos`] object.
@@ -39,14 +39,9 @@ use crate::units::{Rate, RateUnit};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "QosSpecFields", into = "QosSpecShown")]
 pub struct QosSpec {
-    /// Read bandwidth limit (`None`: not set; an unlimited rate: `max`).
-    pub rbps: Option<Rate>,
-    /// Write bandwidth limit.
-    pub wbps: Option<Rate>,
-    /// Read operations per second.
-    pub riops: Option<Rate>,
-    /// Write operations per second.
-    pub wiops: Option<Rate>,
+    /// The four limits. A key not given has no limit; in a change, a key
+    /// not given keeps its limit and `max` lifts it.
+    pub limits: IoMax,
     /// Burst of each limit, as a period's worth of its rate (default 10 ms).
     pub refill_period: Option<Duration>,
 }
@@ -69,24 +64,42 @@ struct QosSpecFields {
     refill_period: Option<Duration>,
 }
 
+/// A limit written as a rate: `max` when unlimited; a bandwidth in bytes
+/// (an IOPS limit is a count whatever unit it is written in); at least 1
+/// per second, rounded to a whole number as the kernel takes it.
+fn limit_of(key: &str, r: Rate, bandwidth: bool) -> Result<Limit, String> {
+    if r.is_unlimited() {
+        return Ok(Limit::Max);
+    }
+    if bandwidth && r.unit() == RateUnit::Ops {
+        return Err(format!("{key}: is a bandwidth limit; give bytes per second such as \"8Mi\""));
+    }
+    if r.per_sec() < 1.0 {
+        return Err(format!("{key}: {} is below 1/s; a limit is at least 1 per second, or \"max\"", r.per_sec()));
+    }
+    Ok(Limit::PerSec(r.per_sec().round() as u64))
+}
+
 impl TryFrom<QosSpecFields> for QosSpec {
     type Error = String;
     fn try_from(f: QosSpecFields) -> Result<Self, String> {
-        let mut keys = [f.rbps, f.wbps, f.riops, f.wiops];
-        if let Some(line) = &f.limits {
-            let parsed = QosSpec::from_keys(parse_keys(line).map_err(|e| format!("limits: {e}"))?);
-            for (i, (slot, v)) in
-                keys.iter_mut().zip([parsed.rbps, parsed.wbps, parsed.riops, parsed.wiops]).enumerate()
-            {
-                let Some(v) = v else { continue };
-                if slot.is_some() {
-                    return Err(format!("{}: given both in `limits` and as its own field", KEYS[i]));
-                }
-                *slot = Some(v);
+        let mut limits = match &f.limits {
+            Some(line) => IoMax::parse(line).map_err(|e| format!("limits: {e}"))?,
+            None => IoMax::UNLIMITED,
+        };
+        for (key, slot, given, bandwidth) in [
+            ("rbps", &mut limits.rbps, f.rbps, true),
+            ("wbps", &mut limits.wbps, f.wbps, true),
+            ("riops", &mut limits.riops, f.riops, false),
+            ("wiops", &mut limits.wiops, f.wiops, false),
+        ] {
+            let Some(r) = given else { continue };
+            if slot.is_some() {
+                return Err(format!("{key}: given both in `limits` and as its own field"));
             }
+            *slot = Some(limit_of(key, r, bandwidth)?);
         }
-        let [rbps, wbps, riops, wiops] = keys;
-        Ok(QosSpec { rbps, wbps, riops, wiops, refill_period: f.refill_period }.normalized())
+        Ok(QosSpec { limits, refill_period: f.refill_period })
     }
 }
 
@@ -101,77 +114,37 @@ struct QosSpecShown {
 
 impl From<QosSpec> for QosSpecShown {
     fn from(s: QosSpec) -> Self {
-        let keys = s.keys();
-        let limits = keys.iter().any(Option::is_some).then(|| {
-            let mut line = String::new();
-            let _ = write_keys(&mut line, &keys, false);
-            line
-        });
-        QosSpecShown { limits, refill_period: s.refill_period }
+        let line = s.limits.given().to_string();
+        QosSpecShown { limits: (!line.is_empty()).then_some(line), refill_period: s.refill_period }
     }
 }
 
-/// A limit in whole units, as the kernel takes it (`None`: `max`).
-fn whole(r: Rate) -> Option<u64> {
-    (!r.is_unlimited()).then(|| r.per_sec().round() as u64)
-}
-
 impl QosSpec {
-    /// A spec with every key set from kernel-style limits (unset: `max`).
+    /// A spec with every key set from a volume's limits (a key not given:
+    /// `max`), so that it shows all four.
     pub fn from_io_max(limits: IoMax) -> QosSpec {
-        QosSpec::from_keys([Some(limits.rbps), Some(limits.wbps), Some(limits.riops), Some(limits.wiops)])
+        QosSpec { limits: limits.every_key(), refill_period: None }
     }
 
     /// A change setting exactly the keys an `io.max` line sets (the others
     /// keep their limit, as in the kernel).
     pub fn from_line(line: &IoMaxLine) -> QosSpec {
-        QosSpec::from_keys(line.keys)
+        QosSpec { limits: line.limits, refill_period: None }
     }
 
-    /// The inverse of [`keys`](Self::keys): bandwidths in bytes, IOPS in
-    /// operations.
-    fn from_keys(keys: [Option<Option<u64>>; 4]) -> QosSpec {
-        let rate = |i: usize| {
-            let unit = if i < 2 { RateUnit::Bytes } else { RateUnit::Ops };
-            keys[i].map(|v| match v {
-                // A u64 as f64 is finite and non-negative: `new` cannot fail.
-                Some(n) => Rate::new(n as f64, unit).unwrap_or(Rate::unlimited(unit)),
-                None => Rate::unlimited(unit),
-            })
-        };
-        QosSpec { rbps: rate(0), wbps: rate(1), riops: rate(2), wiops: rate(3), refill_period: None }
-    }
-
-    /// The limits, kernel-style (a key not set is unlimited).
+    /// The limits in effect: `None` for a key with no limit (not given, or
+    /// `max`).
     pub fn io_max(&self) -> IoMax {
-        let [rbps, wbps, riops, wiops] = self.keys().map(Option::flatten);
-        IoMax { rbps, wbps, riops, wiops }
+        self.limits.in_effect()
     }
 
-    /// The keys as an `io.max` line has them: `None` not set, `Some(None)` max.
-    fn keys(&self) -> [Option<Option<u64>>; 4] {
-        [self.rbps, self.wbps, self.riops, self.wiops].map(|r| r.map(whole))
-    }
-
-    /// Checks the spec: bandwidth limits in bytes, IOPS limits as counts,
-    /// each at least 1 per second (as the kernel takes them) or unlimited.
+    /// Checks the spec: each limit at least 1 per second, or `max` (a spec
+    /// built in code can say `Limit::PerSec(0)`; a parsed one cannot), and
+    /// the refill period.
     pub fn validate(&self) -> Result<(), FieldError> {
-        for (field, r) in [("rbps", self.rbps), ("wbps", self.wbps)] {
-            if let Some(r) = r
-                && r.unit() == RateUnit::Ops
-                && !r.is_unlimited()
-            {
-                return Err(FieldError::new(field, "is a bandwidth limit; give bytes per second such as \"8Mi\""));
-            }
-        }
-        for (field, r) in KEYS.iter().zip([self.rbps, self.wbps, self.riops, self.wiops]) {
-            if let Some(r) = r
-                && r.per_sec() < 1.0
-            {
-                return Err(FieldError::new(
-                    *field,
-                    format!("{} is below 1/s; a limit is at least 1 per second, or \"max\"", r.per_sec()),
-                ));
+        for (key, l) in self.limits.entries() {
+            if l == Some(Limit::PerSec(0)) {
+                return Err(FieldError::new(key, "0 is below 1/s; a limit is at least 1 per second, or \"max\""));
             }
         }
         check_period(self.refill_period)
@@ -183,28 +156,11 @@ impl QosSpec {
         format!("{device} {}", self.io_max())
     }
 
-    /// IOPS limits are counts whatever unit they were written in.
-    fn normalized(mut self) -> QosSpec {
-        self.riops = ops_rate(self.riops);
-        self.wiops = ops_rate(self.wiops);
-        self
-    }
-
     fn merged(&self, c: &QosSpec) -> QosSpec {
-        let mut s = self.clone();
-        let pick = |new: Option<Rate>, old: Option<Rate>| match new {
-            Some(r) if r.is_unlimited() => None,
-            Some(r) => Some(r),
-            None => old,
-        };
-        s.rbps = pick(c.rbps, s.rbps);
-        s.wbps = pick(c.wbps, s.wbps);
-        s.riops = pick(c.riops, s.riops);
-        s.wiops = pick(c.wiops, s.wiops);
-        if c.refill_period.is_some() {
-            s.refill_period = c.refill_period;
+        QosSpec {
+            limits: self.limits.then(c.limits).in_effect(),
+            refill_period: c.refill_period.or(self.refill_period),
         }
-        s.normalized()
     }
 }
 
@@ -217,15 +173,16 @@ impl Settings for QosSpec {
     const FIELDS: &'static [&'static str] = &["limits", "io_max", "rbps", "wbps", "riops", "wiops", "refill_period"];
 }
 
-fn bytes_limit(r: Option<Rate>) -> f64 {
-    r.map_or(f64::INFINITY, Rate::per_sec)
+/// The rates of the four buckets, in the kernel's order (no limit where a
+/// key has none).
+fn rates(l: &IoMax) -> [Rate; 4] {
+    let units = [RateUnit::Bytes, RateUnit::Bytes, RateUnit::Ops, RateUnit::Ops];
+    let r = l.rates();
+    std::array::from_fn(|i| r[i].1.unwrap_or(Rate::unlimited(units[i])))
 }
 
-/// An IOPS limit is a count whatever unit it was written in (`200`, `"200iops"`).
-fn ops_rate(r: Option<Rate>) -> Option<Rate> {
-    r.map(|r| {
-        if r.is_unlimited() { Rate::unlimited(RateUnit::Ops) } else { Rate::from_ops_per_sec(r.per_sec()).unwrap_or(r) }
-    })
+fn bucket_for(r: Rate, period: Option<Duration>) -> Bucket {
+    Bucket::new(r.per_sec(), r.unit(), burst_for(r, None, period))
 }
 
 /// Four independent limits on read/write bandwidth and IOPS.
@@ -241,29 +198,21 @@ impl Qos {
     /// Builds the object from its spec.
     pub fn new(spec: QosSpec) -> Result<Self, FieldError> {
         spec.validate()?;
-        let spec = spec.normalized();
-        let mk = |r: Option<Rate>, unit: RateUnit| {
-            let rate = r.unwrap_or(Rate::unlimited(unit));
-            Bucket::new(bytes_limit(r), unit, burst_for(rate, None, spec.refill_period))
-        };
+        let [rbps, wbps, riops, wiops] = rates(&spec.limits);
+        let period = spec.refill_period;
         Ok(Qos {
-            rbps: mk(spec.rbps, RateUnit::Bytes),
-            wbps: mk(spec.wbps, RateUnit::Bytes),
-            riops: mk(ops_rate(spec.riops), RateUnit::Ops),
-            wiops: mk(ops_rate(spec.wiops), RateUnit::Ops),
+            rbps: bucket_for(rbps, period),
+            wbps: bucket_for(wbps, period),
+            riops: bucket_for(riops, period),
+            wiops: bucket_for(wiops, period),
             spec: Mutex::new(spec),
         })
     }
 
     fn apply(&self, s: &QosSpec) {
-        let set = |b: &Bucket, r: Option<Rate>, unit: RateUnit| {
-            let rate = r.unwrap_or(Rate::unlimited(unit));
-            b.set(bytes_limit(r), unit, burst_for(rate, None, s.refill_period));
-        };
-        set(&self.rbps, s.rbps, RateUnit::Bytes);
-        set(&self.wbps, s.wbps, RateUnit::Bytes);
-        set(&self.riops, ops_rate(s.riops), RateUnit::Ops);
-        set(&self.wiops, ops_rate(s.wiops), RateUnit::Ops);
+        for (b, r) in self.buckets().into_iter().zip(rates(&s.limits)) {
+            b.set(r.per_sec(), r.unit(), burst_for(r, None, s.refill_period));
+        }
     }
 
     fn buckets(&self) -> [&Bucket; 4] {
@@ -410,10 +359,8 @@ mod tests {
     fn a_read_cancelled_at_its_iops_step_gives_its_bandwidth_back() {
         // A second's burst: 100 KiB of bandwidth, 1 operation.
         let q = Qos::new(QosSpec {
-            rbps: Some("100KiB/s".parse().unwrap()),
-            riops: Some("1".parse().unwrap()),
+            limits: "rbps=100KiB riops=1".parse().unwrap(),
             refill_period: Some(Duration::from_secs(1)),
-            ..Default::default()
         })
         .unwrap();
         // The one operation of the burst.
@@ -438,19 +385,17 @@ mod tests {
             toml::from_str("kind = \"qos\"\nrbps = \"8Mi\"\nwbps = \"4Mi\"\nriops = 200\nwiops = 100").unwrap();
         let ObjectSpec::Qos(q) = s else { panic!() };
         assert_eq!(q.io_max_line(DeviceNumber::new(8, 0)), "8:0 rbps=8388608 wbps=4194304 riops=200 wiops=100");
-        let partial = QosSpec { wbps: q.wbps, ..Default::default() };
+        let partial = QosSpec { limits: IoMax { wbps: q.limits.wbps, ..IoMax::UNLIMITED }, ..Default::default() };
         assert_eq!(partial.io_max_line(DeviceNumber::new(253, 1)), "253:1 rbps=max wbps=4194304 riops=max wiops=max");
-        assert!(toml::from_str::<ObjectSpec>("kind = \"qos\"\nrbps = \"100ops/s\"").unwrap().validate().is_err());
+        let e = toml::from_str::<ObjectSpec>("kind = \"qos\"\nrbps = \"100ops/s\"").unwrap_err();
+        assert!(e.to_string().contains("is a bandwidth limit"), "{e}");
     }
 
     #[test]
     fn write_iops_limit_applies_to_writes_only_and_changes_live() {
-        let q = Qos::new(QosSpec {
-            wiops: Some("100".parse().unwrap()),
-            refill_period: Some(Duration::from_millis(10)),
-            ..Default::default()
-        })
-        .unwrap();
+        let q =
+            Qos::new(QosSpec { limits: "wiops=100".parse().unwrap(), refill_period: Some(Duration::from_millis(10)) })
+                .unwrap();
         // Reads are not limited: they never wait.
         for _ in 0..1000 {
             assert_eq!(q.enforce(&Context::new(RequestType::Read, 4096)).unwrap(), Outcome::IMMEDIATE);
@@ -462,7 +407,7 @@ mod tests {
         }
         assert!(t.elapsed() >= Duration::from_millis(99), "{:?}", t.elapsed());
         // Lift the limit live.
-        q.configure(&QosSpec { wiops: Some(Rate::UNLIMITED), ..Default::default() }.into());
+        q.configure(&QosSpec { limits: "wiops=max".parse().unwrap(), ..Default::default() }.into());
         let Some(ObjectSpec::Qos(shown)) = q.spec() else { panic!() };
         assert_eq!(shown.io_max(), IoMax::UNLIMITED);
         assert_eq!(
