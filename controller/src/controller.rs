@@ -363,6 +363,8 @@ impl LoopState {
         }
     }
 
+    /// One control cycle, in three phases: observe every instance, let the
+    /// policy decide, then apply what it decided and record the cycle.
     fn cycle(&mut self) {
         self.apply_changes();
         let now = Instant::now();
@@ -373,6 +375,37 @@ impl LoopState {
         self.last_cycle = Some(now);
         let cycle = self.shared.cycles.load(Ordering::Relaxed);
 
+        let (obs, inputs) = self.observe(cycle, now, interval);
+        let outcome = self.decide(&obs);
+        let mut record = DecisionRecord {
+            cycle,
+            t_ms: obs.elapsed.as_secs_f64() * 1e3,
+            interval_ms: interval.as_secs_f64() * 1e3,
+            unix_ms,
+            cycle_ms: 0.0,
+            policy: self.policy.name(),
+            inputs,
+            proc_io: obs.proc_io,
+            notes: serde_json::Value::Null,
+            settings: Vec::new(),
+            error: None,
+        };
+        match outcome {
+            Err(e) => {
+                // Keep the rates applied last: nothing is changed.
+                self.shared.policy_errors.fetch_add(1, Ordering::Relaxed);
+                record.error = Some(Error::Policy { policy: self.policy.name(), error: e }.to_string());
+            }
+            Ok(decision) => self.apply(decision, &mut record),
+        }
+        self.record(record, now);
+    }
+
+    /// Observe: every handle starts its read, then each instance is
+    /// collected (one that cannot be read is left out of the cycle, with
+    /// its error in the inputs), its stage info read again when its layout
+    /// changed, and its rates computed against its previous collection.
+    fn observe(&mut self, cycle: u64, now: Instant, interval: Duration) -> (Observation, Vec<InstanceInputs>) {
         let mut views = Vec::with_capacity(self.instances.len());
         let mut inputs = Vec::with_capacity(self.instances.len());
         for inst in &self.instances {
@@ -460,8 +493,14 @@ impl LoopState {
             proc_io: self.proc_io.sample(),
         };
 
+        (obs, inputs)
+    }
+
+    /// Decide: the policy, under `catch_unwind`, with its rates checked (a
+    /// rate that is not a number fails the cycle).
+    fn decide(&mut self, obs: &Observation) -> std::result::Result<Decision, PolicyError> {
         let policy = &mut self.policy;
-        let outcome = match catch_unwind(AssertUnwindSafe(|| policy.decide(&obs))) {
+        match catch_unwind(AssertUnwindSafe(|| policy.decide(obs))) {
             Ok(Ok(d)) => check_rates(&d).map(|()| d),
             Ok(Err(e)) => Err(e),
             Err(p) => Err(PolicyError::Panicked(
@@ -471,28 +510,12 @@ impl LoopState {
                     .unwrap_or("?")
                     .to_owned(),
             )),
-        };
-        let mut record = DecisionRecord {
-            cycle,
-            t_ms: obs.elapsed.as_secs_f64() * 1e3,
-            interval_ms: interval.as_secs_f64() * 1e3,
-            unix_ms,
-            cycle_ms: 0.0,
-            policy: self.policy.name(),
-            inputs,
-            proc_io: obs.proc_io,
-            notes: serde_json::Value::Null,
-            settings: Vec::new(),
-            error: None,
-        };
-        match outcome {
-            Err(e) => {
-                // Keep the rates applied last: nothing is changed.
-                self.shared.policy_errors.fetch_add(1, Ordering::Relaxed);
-                record.error = Some(Error::Policy { policy: self.policy.name(), error: e }.to_string());
-            }
-            Ok(decision) => self.apply(decision, &mut record),
         }
+    }
+
+    /// Record: the cycle's duration, the counters, the log file (flushed
+    /// every `LOG_FLUSH_EVERY`) and the in-memory log.
+    fn record(&mut self, mut record: DecisionRecord, now: Instant) {
         record.cycle_ms = now.elapsed().as_secs_f64() * 1e3;
         self.shared.cycles.fetch_add(1, Ordering::Relaxed);
         if let Some(f) = &mut self.log_file
