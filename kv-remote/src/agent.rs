@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{self, AgentKeys, same};
 use crate::convert;
 use crate::error::{Error, Result};
+use crate::lease::{FALLBACK_RETRY, Lease};
 use crate::pb;
 use crate::pb::agent_auth_server::{AgentAuth as AgentAuthService, AgentAuthServer};
 use crate::pb::stage_agent_server::{StageAgent as StageAgentService, StageAgentServer};
@@ -126,7 +127,6 @@ pub const DEFAULT_MIN_LEASE: Duration = Duration::from_millis(100);
 /// Longest lease an agent can be set to grant.
 const LEASE_CEILING: Duration = Duration::from_secs(24 * 3600);
 /// How long a fallback that failed waits before it is tried again.
-const FALLBACK_RETRY: Duration = Duration::from_secs(1);
 
 /// What an agent accepts from a caller that passed its token (or, on a
 /// Unix socket, its peer check): [`AgentBuilder::limits`].
@@ -471,7 +471,7 @@ impl AgentBuilder {
                 // the task wakes, sees it, and sleeps again), or until a lease
                 // is taken.
                 loop {
-                    let deadline = watch.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline;
+                    let deadline = watch.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline();
                     match deadline {
                         None => watch.leased.notified().await,
                         Some(d) => {
@@ -711,7 +711,7 @@ impl StageAgent {
             fallbacks: sum(|s| s.fallbacks.load(Ordering::Relaxed)),
             refused_connections: c.refused_connections.load(Ordering::Relaxed),
             idle_closed: c.idle_closed.load(Ordering::Relaxed),
-            leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline.is_some()),
+            leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline().is_some()),
         }
     }
 
@@ -740,17 +740,6 @@ impl Drop for StageAgent {
     fn drop(&mut self) {
         self.stop_now();
     }
-}
-
-/// The lease: when it ends, and what to restore then.
-#[derive(Debug, Default)]
-struct Lease {
-    deadline: Option<Instant>,
-    /// The stage as it was when the lease was taken.
-    checkpoint: Option<Checkpoint>,
-    /// The lease ran out and its fallback failed: `deadline` is the next
-    /// try, and collects do not renew it.
-    retrying: bool,
 }
 
 /// What an agent shares across its stages: the token and the counters of
@@ -882,9 +871,7 @@ impl Shared {
         let lease = {
             let l = s.lease.lock().unwrap_or_else(|e| e.into_inner());
             pb::LeaseState {
-                remaining_ms: l.deadline.map_or(0, |d| {
-                    u64::try_from(d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
-                }),
+                remaining_ms: u64::try_from(l.remaining(Instant::now()).as_millis()).unwrap_or(u64::MAX),
                 fallbacks: s.fallbacks.load(Ordering::Relaxed),
             }
         };
@@ -907,14 +894,8 @@ impl Shared {
             return;
         }
         let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = lease.deadline
-            && !lease.retrying
-        {
-            let new = Instant::now() + self.clamp(lease_ms);
-            lease.deadline = Some(new);
-            if new < old {
-                self.leased.notify_one();
-            }
+        if lease.renew(Instant::now(), self.clamp(lease_ms)) {
+            self.leased.notify_one();
         }
     }
 
@@ -939,7 +920,7 @@ impl Shared {
     /// The checkpoint a change under `lease_ms` needs, taken before the
     /// change: only when it takes a lease and none is held.
     fn checkpoint_for(&self, lease: &Lease, lease_ms: u64) -> Option<Checkpoint> {
-        (lease_ms > 0 && lease.checkpoint.is_none()).then(|| self.stage.checkpoint())
+        (lease_ms > 0 && lease.needs_checkpoint()).then(|| self.stage.checkpoint())
     }
 
     /// Takes (or extends) the lease after a change that succeeded; `taken`
@@ -950,9 +931,7 @@ impl Shared {
         if lease_ms == 0 {
             return;
         }
-        lease.checkpoint = lease.checkpoint.take().or(taken);
-        lease.deadline = Some(Instant::now() + self.clamp(lease_ms));
-        lease.retrying = false;
+        lease.take(Instant::now(), self.clamp(lease_ms), taken);
         self.leased.notify_one();
     }
 
@@ -961,11 +940,10 @@ impl Shared {
     /// takes the lease again.
     fn check_lease(&self, now: Instant) {
         let mut lease = self.lease.lock().unwrap_or_else(|e| e.into_inner());
-        match lease.deadline {
-            Some(d) if d <= now => {}
-            _ => return,
+        if !lease.is_due(now) {
+            return;
         }
-        let attempt = if lease.retrying { "again " } else { "" };
+        let attempt = if lease.is_retrying() { "again " } else { "" };
         let result: std::result::Result<String, String> = match &self.fallback {
             Fallback::Keep => Ok("kept the last configuration (fallback = keep)".to_owned()),
             Fallback::Rules(rules) => match self.stage.apply(rules) {
@@ -974,7 +952,7 @@ impl Shared {
                 }
                 Err(e) => Err(format!("could not apply the fallback rules: {e}")),
             },
-            Fallback::Restore => match lease.checkpoint.as_ref().map(|c| (c.generation(), self.stage.restore(c))) {
+            Fallback::Restore => match lease.checkpoint().map(|c| (c.generation(), self.stage.restore(c))) {
                 None => Ok("nothing to restore".to_owned()),
                 Some((from, Ok(r))) => {
                     let mut s = format!(
@@ -991,9 +969,7 @@ impl Shared {
         };
         match result {
             Ok(what) => {
-                lease.deadline = None;
-                lease.checkpoint = None;
-                lease.retrying = false;
+                lease.fell_back();
                 drop(lease);
                 let n = self.fallbacks.fetch_add(1, Ordering::Relaxed) + 1;
                 eprintln!(
@@ -1003,8 +979,7 @@ impl Shared {
                 );
             }
             Err(why) => {
-                lease.deadline = Some(now + FALLBACK_RETRY);
-                lease.retrying = true;
+                lease.fallback_failed(now);
                 drop(lease);
                 eprintln!(
                     "kvsds-agent {}: lease expired at unix ms {}: {why}; trying again in {FALLBACK_RETRY:?}",

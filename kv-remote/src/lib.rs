@@ -48,6 +48,7 @@ mod auth;
 mod convert;
 mod error;
 mod fleet;
+mod lease;
 mod remote;
 
 /// The wire types of `kvsds.control.v1`, generated from the .proto file.
