@@ -126,7 +126,6 @@ pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(60);
 pub const DEFAULT_MIN_LEASE: Duration = Duration::from_millis(100);
 /// Longest lease an agent can be set to grant.
 const LEASE_CEILING: Duration = Duration::from_secs(24 * 3600);
-/// How long a fallback that failed waits before it is tried again.
 
 /// What an agent accepts from a caller that passed its token (or, on a
 /// Unix socket, its peer check): [`AgentBuilder::limits`].
