@@ -1,7 +1,7 @@
 //! Reports: the model of a run's results (`BenchReport` and what it is
 //! made of, as `summary.json` holds it), the summary over repeats
-//! ([`summary`]: medians and spreads per system) and the rendering
-//! ([`render`]: the comparison table, YCSB-style text, the per-second CSV,
+//! (`summary`: medians and spreads per system) and the rendering
+//! (`render`: the comparison table, YCSB-style text, the per-second CSV,
 //! SVG plots, `figures.md`, and writing and reading a result directory).
 
 use std::collections::BTreeMap;
