@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, SilkConfig};
-use kv_stage::{Rate, Stage};
+use kv_stage::{Stage, units::Rate};
 use rocks_env::{Device, RocksLayout, StagedDb};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

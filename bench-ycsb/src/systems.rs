@@ -31,7 +31,10 @@ use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, Pressure, PressureConfig, SilkConfig, StageHandle, WithPressure};
 use kv_stage::iomax::IoMax;
-use kv_stage::{Bandwidth, ObjectConfig, Rate, Stage};
+use kv_stage::{
+    ObjectConfig, Stage,
+    units::{Bandwidth, Rate},
+};
 use rocks_env::{Device, RocksLayout, StagedDb};
 use rocksdb::DB;
 use serde::Serialize;

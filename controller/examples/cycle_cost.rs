@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, SilkConfig};
-use kv_stage::{Context, DrlSpec, InstanceId, Match, ObjectSpec, Rate, RequestContext as C, RequestType, Rule, Stage};
+use kv_stage::{
+    Context, DrlSpec, InstanceId, Match, ObjectSpec, RequestContext as C, RequestType, Rule, Stage, units::Rate,
+};
 
 fn layout(stage: &Stage) {
     let drl = || ObjectSpec::Drl(DrlSpec::new(Rate::UNLIMITED));

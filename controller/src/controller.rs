@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kv_stage::{Collection, ObjectConfig, Rate, RequestContext, StageInfo};
+use kv_stage::{Collection, ObjectConfig, RequestContext, info::StageInfo, units::Rate};
 use serde::Serialize;
 
 use crate::config::{ControllerConfig, PolicyKind};
@@ -753,7 +753,7 @@ pub fn check_binding(instance: &InstanceConfig, info: &StageInfo) -> Result<()> 
                 format!("channel '{}' of stage '{}' has no object '{}'", instance.channel, info.name, instance.object),
             )
         })?;
-    if object.kind != kv_stage::ObjectKind::Drl {
+    if object.kind != kv_stage::object::ObjectKind::Drl {
         return Err(Error::config(
             "object",
             format!("'{}/{}' is a {}, not a drl", instance.channel, instance.object, object.kind),

@@ -6,7 +6,10 @@
 
 use std::sync::Arc;
 
-use kv_stage::{ApplyReport, Collection, ObjectConfig, ObjectHandle, RuleSet, Stage, StageInfo};
+use kv_stage::{
+    Collection, ObjectConfig, RuleSet, Stage,
+    info::{ApplyReport, ObjectHandle, StageInfo},
+};
 
 use crate::policy::{ObjectRef, Pressure};
 

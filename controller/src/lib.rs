@@ -26,7 +26,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use controller::{Controller, ControllerConfig, SilkConfig};
-//! use kv_stage::{Context, DrlSpec, InstanceId, Match, ObjectSpec, Rate, RequestContext, RequestType, Rule, Stage};
+//! use kv_stage::{Context, DrlSpec, InstanceId, Match, ObjectSpec, RequestContext, RequestType, Rule, Stage, units::Rate};
 //!
 //! // A stage with a flush DRL (rocks-env's `RocksLayout` builds the whole
 //! // RocksDB layout this way).

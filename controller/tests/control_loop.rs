@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, FairShareConfig, InstanceConfig, PolicyKind, SilkConfig};
-use kv_stage::{ObjectSpec, Rate, Rule};
+use kv_stage::{ObjectSpec, Rule, units::Rate};
 
 mod scenarios;
 use scenarios::stage_with_drl;
@@ -46,7 +46,7 @@ fn bad_bindings_are_refused_at_start() {
     };
     let cfg = ControllerConfig::fair_share(
         PolicyKind::Static,
-        FairShareConfig { device_bandwidth: kv_stage::Bandwidth::new(1e6).unwrap(), instances: vec![inst] },
+        FairShareConfig { device_bandwidth: kv_stage::units::Bandwidth::new(1e6).unwrap(), instances: vec![inst] },
     );
     let e = Controller::builder(cfg.clone()).instance("zzz", a.clone()).start().unwrap_err();
     assert!(e.to_string().contains("fair_share.instance[0].name"), "{e}");
@@ -139,10 +139,10 @@ impl controller::StageHandle for Hiccup {
         }
         Ok(self.stage.collect())
     }
-    fn stage_info(&self) -> Result<kv_stage::StageInfo, controller::HandleError> {
+    fn stage_info(&self) -> Result<kv_stage::info::StageInfo, controller::HandleError> {
         Ok(self.stage.stage_info())
     }
-    fn apply(&self, rules: &kv_stage::RuleSet) -> Result<kv_stage::ApplyReport, controller::HandleError> {
+    fn apply(&self, rules: &kv_stage::RuleSet) -> Result<kv_stage::info::ApplyReport, controller::HandleError> {
         Ok(self.stage.apply(rules)?)
     }
     fn object(&self, channel: &str, object: &str) -> Option<std::sync::Arc<dyn controller::ObjectControl>> {
@@ -223,8 +223,8 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
         Pressure::new(f64::from_bits(p.load(Ordering::Relaxed)), 0.0, 0.0)
     }));
     let config = AdaptiveConfig {
-        device_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
-        min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+        device_bandwidth: kv_stage::units::Bandwidth::new(60.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::units::Bandwidth::new(4.0 * MIB).unwrap(),
         hold: Duration::from_millis(100),
         ..AdaptiveConfig::default()
     };

@@ -254,7 +254,7 @@ fn tenants_run(api: Api, flood: bool, args: &Args) -> f64 {
                 std::thread::sleep(Duration::from_millis(10));
             }
             stop.store(true, Ordering::Relaxed);
-            let _ = stage.configure("bench_heavy", "o", ObjectConfig::rate(kv_stage::Rate::UNLIMITED));
+            let _ = stage.configure("bench_heavy", "o", ObjectConfig::rate(kv_stage::units::Rate::UNLIMITED));
         })
     };
     let p99 = rt.block_on(async {

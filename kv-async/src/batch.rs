@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kv_stage::{BatchPlan, RequestContext};
+use kv_stage::{RequestContext, object::BatchPlan};
 use rocks_env::ClientScope;
 use tokio::sync::{Semaphore, oneshot};
 

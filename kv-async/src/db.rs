@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
-use kv_stage::{BatchPlan, Context, InstanceId, RequestContext, RequestType, Stage};
+use kv_stage::{Context, InstanceId, RequestContext, RequestType, Stage, object::BatchPlan};
 use rocks_env::{ClientScope, StagedDb};
 use rocksdb::{DB, Direction, IteratorMode, WriteBatch, WriteOptions};
 use tokio::sync::{Notify, Semaphore};
@@ -167,7 +167,7 @@ impl AsyncDbBuilder {
 /// SILK counts it) and counted per tenant in
 /// [`StagedDb::client_io`](rocks_env::StagedDb::client_io).
 ///
-/// Puts and deletes that reach a [`batch`](kv_stage::Batch) object are
+/// Puts and deletes that reach a [`batch`](kv_stage::object::Batch) object are
 /// grouped (see the crate documentation): a batch is one RocksDB write
 /// batch with one WAL sync, each caller gets its batch's result.
 ///

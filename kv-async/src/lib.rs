@@ -12,7 +12,7 @@
 //! survives `.await` and moves with the task between worker threads); rules
 //! give each tenant its own channel and limit.
 //!
-//! Writes that reach a stage's [`batch`](kv_stage::Batch) object are grouped
+//! Writes that reach a stage's [`batch`](kv_stage::object::Batch) object are grouped
 //! i10-style (16 requests, 64 KiB or 50 µs by default; at once when the
 //! queue is idle) into one RocksDB write batch with one WAL sync. Every
 //! caller gets its own result; a failed batch fails exactly its requests.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use controller::{AdaptiveConfig, Controller, ControllerConfig, Pressure, WithPressure};
-use kv_stage::{DrlSpec, Match, ObjectSpec, Rate, RequestContext, Rule, RuleSet, Stage};
+use kv_stage::{DrlSpec, Match, ObjectSpec, RequestContext, Rule, RuleSet, Stage, units::Rate};
 use rocks_env::{RocksLayout, StagedDb};
 use rocksdb::WriteBatch;
 

@@ -14,7 +14,10 @@ use std::time::{Duration, SystemTime};
 
 use kv_stage::iomax::DeviceNumber;
 use kv_stage::volumes::VOLUME_OBJECT;
-use kv_stage::{Context, RequestType, Rule, RuleSet, Stage, Volume, VolumeSelector};
+use kv_stage::{
+    Context, RequestType, Rule, RuleSet, Stage,
+    volumes::{Volume, VolumeSelector},
+};
 
 use crate::fdtable;
 

@@ -24,7 +24,8 @@ use controller::{Controller, ControllerConfig, FairShareConfig, InstanceConfig, 
 use kv_remote::{ClientOptions, Connector, Endpoint, StageAgent};
 use kv_stage::units::parse_duration;
 use kv_stage::{
-    Bandwidth, Context, DrlSpec, Match, ObjectConfig, ObjectSpec, Rate, RequestContext, RequestType, Rule, Stage,
+    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, Stage,
+    units::{Bandwidth, Rate},
 };
 
 #[derive(Parser)]

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kv_remote::{Endpoint, Fallback, StageAgent};
-use kv_stage::{DrlSpec, Match, ObjectSpec, Rate, RequestContext, Rule, RuleSet, Stage};
+use kv_stage::{DrlSpec, Match, ObjectSpec, RequestContext, Rule, RuleSet, Stage, units::Rate};
 use rocks_env::{RocksLayout, StagedDb};
 
 /// A tenant service for fleet demos and tests.

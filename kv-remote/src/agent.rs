@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Checkpoint, DrlSettings, ObjectConfig, ObjectSpec, QosSpec, Rate, RateUnit, RequestContext, Rule, RuleSet,
-    RulesFormat, Stage,
+    ObjectConfig, ObjectSpec, QosSpec, RequestContext, Rule, RuleSet, RulesFormat, Stage,
+    info::Checkpoint,
+    object::DrlSettings,
+    units::{Rate, RateUnit},
 };
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};

@@ -8,9 +8,12 @@
 //! counted in [`Decoded::dropped_contexts`].
 
 use kv_stage::{
-    ChannelCounters, ChannelInfo, Collection, ContextCounters, Counter, Coverage, InstanceId, InstanceInfo,
-    JobCounters, JobCounts, Match, ObjectCounters, ObjectInfo, ObjectKind, ObjectSpec, ObjectStats, RequestContext,
-    RouteInfo, StageInfo, WorkflowCounters, WorkflowId,
+    Collection, InstanceId, Match, ObjectSpec, RequestContext, WorkflowId,
+    info::{
+        ChannelCounters, ChannelInfo, ContextCounters, Counter, Coverage, InstanceInfo, JobCounters, JobCounts,
+        ObjectCounters, ObjectInfo, RouteInfo, StageInfo, WorkflowCounters,
+    },
+    object::{ObjectKind, ObjectStats},
 };
 
 use crate::pb;

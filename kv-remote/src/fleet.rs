@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, InstanceConfig, StageHandle};
-use kv_stage::Rate;
+use kv_stage::units::Rate;
 use serde::Deserialize;
 
 use crate::agent::Endpoint;

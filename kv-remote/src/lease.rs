@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use kv_stage::Checkpoint;
+use kv_stage::info::Checkpoint;
 
 /// How long a fallback that failed waits before it is tried again.
 pub(crate) const FALLBACK_RETRY: Duration = Duration::from_secs(1);

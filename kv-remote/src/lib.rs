@@ -20,7 +20,7 @@
 //! use std::sync::Arc;
 //! use controller::StageHandle;
 //! use kv_remote::{ClientOptions, Connector, StageAgent};
-//! use kv_stage::{DrlSpec, Match, ObjectConfig, ObjectSpec, Rate, RequestContext, Rule, Stage};
+//! use kv_stage::{DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext, Rule, Stage, units::Rate};
 //!
 //! // The service: a stage with a DRL, and an agent on a Unix socket.
 //! let dir = tempfile::tempdir()?;

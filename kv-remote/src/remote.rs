@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use controller::{HandleError, ObjectControl, ObjectRef, StageHandle};
 use kv_stage::{
-    ApplyReport, Collection, DrlSettings, EnforcementObject as _, Object, ObjectConfig, ObjectSpec, RULES_VERSION,
-    RuleSet, RulesFormat, StageInfo,
+    Collection, ObjectConfig, ObjectSpec, RuleSet, RulesFormat,
+    info::{ApplyReport, StageInfo},
+    object::{DrlSettings, EnforcementObject as _, Object},
+    rule::RULES_VERSION,
 };
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -654,7 +656,7 @@ fn configure_request(channel: &str, object: &str, set: &ObjectConfig, lease: Dur
 fn change_of(set: &ObjectConfig) -> pb::configure_request::Change {
     match set.parse::<DrlSettings>("DRL") {
         Ok(DrlSettings { rate: Some(r), burst: None, refill_period: None })
-            if r.unit() == kv_stage::RateUnit::Bytes =>
+            if r.unit() == kv_stage::units::RateUnit::Bytes =>
         {
             pb::configure_request::Change::RateBps(r.per_sec())
         }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use controller::StageHandle;
 use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
-use kv_stage::{ObjectConfig, Rate, RequestContext, Rule, RuleSet, RulesFormat, Stage};
+use kv_stage::{ObjectConfig, RequestContext, Rule, RuleSet, RulesFormat, Stage, units::Rate};
 use support::{drl_rate, stage, wait_until};
 
 fn loopback() -> Endpoint {
@@ -371,7 +371,7 @@ fn one_agent_serves_several_stages_and_reads_them_in_one_call() {
     let mut cfg = ControllerConfig::fair_share(
         PolicyKind::Static,
         FairShareConfig {
-            device_bandwidth: kv_stage::Bandwidth::new(10.0 * 1048576.0).unwrap(),
+            device_bandwidth: kv_stage::units::Bandwidth::new(10.0 * 1048576.0).unwrap(),
             instances: vec![
                 InstanceConfig { demand: "1MiB/s".parse().unwrap(), ..inst("alpha") },
                 InstanceConfig { demand: "2MiB/s".parse().unwrap(), ..inst("beta") },

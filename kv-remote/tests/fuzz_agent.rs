@@ -11,7 +11,7 @@ mod support;
 use std::sync::Arc;
 
 use kv_remote::{ClientOptions, Connector, RemoteStage, StageAgent, pb};
-use kv_stage::{ObjectSpec, RateUnit, Stage};
+use kv_stage::{ObjectSpec, Stage, units::RateUnit};
 use proptest::prelude::*;
 
 struct Rig {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
 use kv_stage::{
-    Context, DrlSpec, ObjectConfig, ObjectSpec, Rate, RequestContext, RequestType, Rule, RuleSet, RulesFormat,
+    Context, DrlSpec, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, RuleSet, RulesFormat, units::Rate,
 };
 use support::{drl_rate, stage, wait_until};
 

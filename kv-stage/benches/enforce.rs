@@ -7,7 +7,9 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kv_stage::{
-    Context, DrlSpec, EnforcementObject, Match, Noop, ObjectSpec, Rate, RequestContext, RequestType, Rule, Stage,
+    Context, DrlSpec, Match, ObjectSpec, RequestContext, RequestType, Rule, Stage,
+    object::{EnforcementObject, Noop},
+    units::Rate,
 };
 
 const SIZES: [u64; 4] = [0, 1024, 4096, 128 * 1024];

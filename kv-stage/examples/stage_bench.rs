@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use kv_stage::units::parse_duration;
 use kv_stage::{
-    Context, DrlSpec, FieldMatch, Match, ObjectConfig, ObjectSpec, Rate, RequestType, Rule, Stage, WorkflowId,
+    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestType, Rule, Stage, WorkflowId, rule::FieldMatch,
+    units::Rate,
 };
 use serde_json::json;
 
@@ -168,7 +169,7 @@ fn main() -> Result<(), String> {
     // Samples of (time, admitted tokens) around the rate change.
     let mut samples: Vec<(Duration, u64)> = Vec::new();
     let mut changed = false;
-    let period = kv_stage::DEFAULT_REFILL_PERIOD;
+    let period = kv_stage::object::DEFAULT_REFILL_PERIOD;
     while start.elapsed() < a.duration && done.load(Ordering::Relaxed) < a.threads as u64 {
         if let Some(r) = change {
             let t = start.elapsed();

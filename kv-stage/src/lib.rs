@@ -2,8 +2,8 @@
 //!
 //! Every request a layer makes (a file read, a WAL append, a key-value put)
 //! is described by a [`Context`] and handed to a [`Stage`]. The stage picks a
-//! *channel* and, inside it, an *enforcement object* (a [`Noop`], a [`Drl`]
-//! rate limiter, [`Qos`] limits, [`Batch`] thresholds, or your own), lets the
+//! *channel* and, inside it, an *enforcement object* (a [`Noop`](object::Noop), a [`Drl`](object::Drl)
+//! rate limiter, [`Qos`](object::Qos) limits, [`Batch`](object::Batch) thresholds, or your own), lets the
 //! object admit the request, and counts it. Callers on an async runtime use
 //! [`Stage::enforce_async`], whose wait is a cancel-safe future in the same
 //! FIFO line. A control plane reads [`Stage::collect`] and
@@ -75,26 +75,59 @@ mod stats;
 pub mod timer;
 pub mod units;
 
+// The root: what an embedder needs to build a stage, tag requests, write
+// rules and read statistics. Everything else has one path, in the modules
+// below.
 pub use context::{Context, ContextScope, InstanceId, Reason, RequestContext, RequestType, WorkflowId, with_context};
-pub use error::{EnforceError, EnforceErrorKind, Error, FieldError, Location, Rejection, Result};
-pub use layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
-pub use matching::{Classifier, FieldMatch, Match};
-pub use objects::{
-    AsyncWait, Batch, BatchPlan, BatchSettings, BatchSpec, BucketStats, DEFAULT_REFILL_PERIOD, Drl, DrlSettings,
-    DrlSpec, EnforcementObject, Noop, Object, ObjectConfig, ObjectKind, ObjectSpec, ObjectStats, Outcome, Qos, QosSpec,
-    Settings,
-};
+pub use error::{EnforceError, Error, FieldError, Result};
+pub use matching::Match;
+pub use objects::{DrlSpec, ObjectConfig, ObjectSpec, QosSpec};
+pub use rules::{Rule, RuleSet, RulesFormat};
+pub use stage::{Collection, Rates, Stage};
+
 /// The importer of the original Paio text rules.
 pub use rules::paio;
-pub use rules::volumes::{self, Volume, VolumeSelector};
-pub use rules::{RULES_VERSION, Rule, RuleEntry, RuleKind, RuleSet, RulesFormat};
-pub use stage::{
-    ApplyReport, ChannelCounters, ChannelInfo, Checkpoint, Collection, ContextCounters, Counter, Coverage,
-    DEFAULT_CHANNEL, Enforce, InstanceInfo, JobCounters, JobCounts, ObjectCounters, ObjectHandle, ObjectInfo, RatePair,
-    Rates, RouteInfo, Stage, StageInfo, WorkflowCounters,
-};
-pub use stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
-pub use units::{Amount, Bandwidth, Rate, RateUnit};
+pub use rules::volumes;
+
+/// Enforcement objects: the trait an application object implements, the
+/// built-in objects, their settings and what they return.
+pub mod object {
+    pub use crate::objects::{
+        AsyncWait, Batch, BatchPlan, BatchSettings, BatchSpec, BucketStats, DEFAULT_REFILL_PERIOD, Drl, DrlSettings,
+        EnforcementObject, Noop, Object, ObjectKind, ObjectStats, Outcome, Qos, Settings,
+    };
+}
+
+/// What a stage reports: its layout ([`StageInfo`](info::StageInfo)),
+/// its counters (the parts of a [`Collection`]), handles
+/// on its objects, checkpoints, and the per-thread counters layers keep.
+pub mod info {
+    pub use crate::stage::{
+        ApplyReport, ChannelCounters, ChannelInfo, Checkpoint, ContextCounters, Counter, Coverage, DEFAULT_CHANNEL,
+        Enforce, InstanceInfo, JobCounters, JobCounts, ObjectCounters, ObjectHandle, ObjectInfo, RatePair, RouteInfo,
+        StageInfo, WorkflowCounters,
+    };
+    pub use crate::stats::{CounterArray, MAX_COUNTER_SLOTS, MAX_THREAD_SLOTS};
+}
+
+/// Layers that put a stage in front of files and key-value stores.
+pub mod layer {
+    pub use crate::layers::{KvStore, MemKv, StagedFile, StagedKv, remove_file, rename};
+}
+
+/// The parts of rules beyond [`Rule`] and
+/// [`RuleSet`]: the file format's version, entries with
+/// their location, and the classifiers a [`Match`] pins.
+pub mod rule {
+    pub use crate::matching::{Classifier, FieldMatch};
+    pub use crate::rules::{RULES_VERSION, RuleEntry, RuleKind};
+}
+
+/// The parts of errors beyond [`Error`],
+/// [`EnforceError`] and [`FieldError`].
+pub mod errors {
+    pub use crate::error::{EnforceErrorKind, Location, Rejection};
+}
 
 /// Internals exposed for the criterion benchmarks only; not a stable API.
 #[doc(hidden)]

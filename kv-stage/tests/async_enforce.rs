@@ -87,7 +87,7 @@ fn async_waiters_are_admitted_in_arrival_order_with_blocking_ones() {
         .configure(
             "default",
             "o",
-            ObjectConfig::from_settings(&kv_stage::DrlSettings {
+            ObjectConfig::from_settings(&kv_stage::object::DrlSettings {
                 rate: Some("50ops/s".parse().unwrap()),
                 burst: Some("1".parse().unwrap()),
                 refill_period: None,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, FieldMatch, InstanceId, Match, ObjectConfig, ObjectSpec, QosSpec, Rate, RequestContext,
-    RequestType, Rule, Stage, WorkflowId,
+    Context, DrlSpec, InstanceId, Match, ObjectConfig, ObjectSpec, QosSpec, RequestContext, RequestType, Rule, Stage,
+    WorkflowId, rule::FieldMatch, units::Rate,
 };
 
 fn fg() -> Context {

@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kv_stage::{
-    Context, Drl, DrlSpec, EnforcementObject, InstanceId, Match, ObjectConfig, Outcome, Rate, Rejection,
-    RequestContext as C, RequestType as T, Rule, Stage, WorkflowId,
+    Context, DrlSpec, InstanceId, Match, ObjectConfig, RequestContext as C, RequestType as T, Rule, Stage, WorkflowId,
+    errors::Rejection,
+    object::{Drl, EnforcementObject, Outcome},
+    units::Rate,
 };
 
 /// Counts the requests it admits.

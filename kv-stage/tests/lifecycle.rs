@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, EnforceErrorKind, EnforcementObject, KvStore, Match, MemKv, ObjectConfig, ObjectSpec, Outcome,
-    Rate, Rejection, RequestContext as C, RequestType as T, Rule, Stage, StagedFile, StagedKv,
+    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext as C, RequestType as T, Rule, Stage,
+    errors::{EnforceErrorKind, Rejection},
+    layer::{KvStore, MemKv, StagedFile, StagedKv},
+    object::{EnforcementObject, Outcome},
+    units::Rate,
 };
 
 fn stage_with_closed_drl() -> Arc<Stage> {
@@ -122,7 +125,7 @@ fn a_failed_enforcement_reaches_the_file_caller_and_nothing_is_written() {
     assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
     assert!(e.to_string().contains("writes are refused"), "{e}");
     let inner = e.get_ref().and_then(|i| i.downcast_ref::<kv_stage::EnforceError>()).expect("the stage's error");
-    assert_eq!(inner.kind(), kv_stage::EnforceErrorKind::Refused);
+    assert_eq!(inner.kind(), kv_stage::errors::EnforceErrorKind::Refused);
     f.sync_all().unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"before");
     let mut s = String::new();

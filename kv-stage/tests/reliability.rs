@@ -7,8 +7,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, EnforceError, ObjectConfig, ObjectSpec, Outcome, Rate, RequestContext, RequestType, Rule,
-    RuleSet, RulesFormat, Stage,
+    Context, DrlSpec, EnforceError, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, RuleSet, RulesFormat,
+    Stage, object::Outcome, units::Rate,
 };
 
 /// Waits up to `limit` for a thread; `None` if it is still running.

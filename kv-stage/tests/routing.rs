@@ -3,8 +3,8 @@
 //! classes and their members, and compaction reasons.
 
 use kv_stage::{
-    Classifier, Context, FieldMatch, InstanceId, Match, Reason, RequestContext as C, RequestType as T, Rule, Stage,
-    WorkflowId,
+    Context, InstanceId, Match, Reason, RequestContext as C, RequestType as T, Rule, Stage, WorkflowId,
+    rule::{Classifier, FieldMatch},
 };
 use proptest::prelude::*;
 

@@ -53,7 +53,7 @@ fn paio_rocksdb_rules_build_foreground_flush_and_compaction_channels() {
     for ch in 1000..1008 {
         let c = info.channels.iter().find(|c| c.id == ch.to_string()).unwrap();
         assert_eq!(c.objects.len(), 1);
-        assert_eq!(c.objects[0].kind, kv_stage::ObjectKind::Noop);
+        assert_eq!(c.objects[0].kind, kv_stage::object::ObjectKind::Noop);
     }
     assert_eq!(drl_rate(&stage, "2000", "1"), 12e6);
     for ch in 3000..3007 {

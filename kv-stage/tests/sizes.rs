@@ -3,7 +3,7 @@
 //! `Enforce` future lives in every async caller's state. A change that
 //! grows one of them fails here and says so.
 
-use kv_stage::{Context, Enforce, EnforceError, Outcome};
+use kv_stage::{Context, EnforceError, info::Enforce, object::Outcome};
 
 #[test]
 fn the_enforce_path_types_keep_their_size() {

@@ -9,7 +9,8 @@ use kv_stage::paio::PaioOptions;
 use kv_stage::volumes::FIRST_FILE_VOLUME_INSTANCE;
 use kv_stage::{
     Context, InstanceId, ObjectConfig, ObjectSpec, QosSpec, RequestContext as C, RequestType as T, RuleSet,
-    RulesFormat, Stage, Volume, VolumeSelector, WorkflowId,
+    RulesFormat, Stage, WorkflowId,
+    volumes::{Volume, VolumeSelector},
 };
 
 fn example() -> RuleSet {

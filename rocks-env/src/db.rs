@@ -5,7 +5,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kv_stage::{InstanceId, KvStore, Stage};
+use kv_stage::{InstanceId, Stage, layer::KvStore};
 use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode};
 
 use crate::device::{Device, DeviceStats};

@@ -13,7 +13,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kv_stage::{Bandwidth, Context, Drl, DrlSettings, DrlSpec, EnforceError, EnforcementObject, RequestType};
+use kv_stage::{
+    Context, DrlSpec, EnforceError, RequestType,
+    object::{Drl, DrlSettings, EnforcementObject},
+    units::Bandwidth,
+};
 use serde::Serialize;
 
 use crate::error::{Error, Result};

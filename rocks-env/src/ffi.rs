@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use kv_stage::{EnforceError, EnforceErrorKind};
+use kv_stage::{EnforceError, errors::EnforceErrorKind};
 
 use crate::wire::{
     ENFORCE_OK, ENFORCE_PANIC, ENFORCE_REFUSED, ENFORCE_SHUT_DOWN, Event, RawEvent, RawFaultReport, RawFaultRule,

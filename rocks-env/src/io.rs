@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kv_stage::{
-    Context, Counter, CounterArray, EnforceError, InstanceId, JobCounts, Reason, RequestContext, Stage, WorkflowId,
+    Context, EnforceError, InstanceId, Reason, RequestContext, Stage, WorkflowId,
+    info::{Counter, CounterArray, JobCounts},
 };
 use serde::Serialize;
 

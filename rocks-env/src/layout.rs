@@ -13,7 +13,9 @@
 //! route also pins the instance, so several DBs can share one stage with
 //! their own limits.
 
-use kv_stage::{DrlSpec, InstanceId, Match, ObjectHandle, ObjectSpec, Rate, RequestContext as C, Rule, RuleSet, Stage};
+use kv_stage::{
+    DrlSpec, InstanceId, Match, ObjectSpec, RequestContext as C, Rule, RuleSet, Stage, info::ObjectHandle, units::Rate,
+};
 
 use crate::error::{Error, Result};
 

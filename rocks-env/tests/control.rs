@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kv_stage::{ObjectConfig, Rate, Stage};
+use kv_stage::{ObjectConfig, Stage, units::Rate};
 use rocks_env::{RocksLayout, StagedDb};
 
 #[test]

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
 use kv_stage::{
-    Context, EnforcementObject, FieldError, Match, ObjectConfig, Outcome, Rejection, RequestContext, RequestType, Rule,
-    Stage,
+    Context, FieldError, Match, ObjectConfig, RequestContext, RequestType, Rule, Stage,
+    errors::Rejection,
+    object::{EnforcementObject, Outcome},
 };
 use rocks_env::StagedDb;
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kv_stage::{
-    Context, EnforcementObject, FieldError, Match, ObjectConfig, Outcome, Rejection, RequestType, Rule, Stage,
+    Context, FieldError, Match, ObjectConfig, RequestType, Rule, Stage,
+    errors::Rejection,
+    object::{EnforcementObject, Outcome},
 };
 use rocks_env::{FileKind, StagedDb};
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kv_stage::{Match, ObjectConfig, ObjectSpec, Rate, Reason, RequestContext as C, RequestType, Rule, Stage};
+use kv_stage::{Match, ObjectConfig, ObjectSpec, Reason, RequestContext as C, RequestType, Rule, Stage, units::Rate};
 use rocks_env::{CompactionLevelStats, StagedDb};
 
 /// A small LSM with static level sizes (L1 1 MiB, L2 4 MiB, L3 16 MiB) and

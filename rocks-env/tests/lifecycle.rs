@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kv_stage::{
-    Context, EnforcementObject, FieldError, InstanceId, Match, ObjectConfig, ObjectHandle, ObjectSpec, Outcome, Rate,
-    Rejection, RequestContext as C, RequestType, Rule, Stage,
+    Context, FieldError, InstanceId, Match, ObjectConfig, ObjectSpec, RequestContext as C, RequestType, Rule, Stage,
+    errors::Rejection,
+    info::ObjectHandle,
+    object::{EnforcementObject, Outcome},
+    units::Rate,
 };
 use rocks_env::{RocksLayout, StagedDb};
 

@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, FairShareConfig, InstanceConfig, PolicyKind};
-use kv_stage::{Bandwidth, DrlSpec, Match, ObjectSpec, Rate, Rule, Stage};
+use kv_stage::{
+    DrlSpec, Match, ObjectSpec, Rule, Stage,
+    units::{Bandwidth, Rate},
+};
 use rocks_env::StagedDb;
 use tests::{key, small_lsm_options, value};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, SilkConfig};
-use kv_stage::{ObjectSpec, Rate, Stage};
+use kv_stage::{ObjectSpec, Stage, units::Rate};
 use rocks_env::{Device, RocksLayout, StagedDb};
 use serde_json::Value;
 
@@ -40,8 +40,8 @@ fn silk_shifts_bandwidth_between_flushes_and_ln_compactions() {
     let db = StagedDb::builder(opts).stage(Arc::clone(&stage)).device(device).open(dir.path()).unwrap();
 
     let silk = SilkConfig {
-        kvs_bandwidth: kv_stage::Bandwidth::new(48.0 * MIB).unwrap(),
-        min_bandwidth: kv_stage::Bandwidth::new(2.0 * MIB).unwrap(),
+        kvs_bandwidth: kv_stage::units::Bandwidth::new(48.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::units::Bandwidth::new(2.0 * MIB).unwrap(),
         // Every cycle sets every rate, so the log shows each decision.
         hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,
@@ -147,7 +147,7 @@ fn silk_shifts_bandwidth_between_flushes_and_ln_compactions() {
 
     // The stage holds the rates of the last cycle.
     let last = log.last().unwrap();
-    let spec_rate = |h: &kv_stage::ObjectHandle| match h.spec() {
+    let spec_rate = |h: &kv_stage::info::ObjectHandle| match h.spec() {
         Some(ObjectSpec::Drl(d)) => d.rate.per_sec(),
         other => panic!("{other:?}"),
     };

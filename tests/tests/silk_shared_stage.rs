@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{Controller, ControllerConfig, SilkConfig};
-use kv_stage::{InstanceId, Rate, RequestContext as C, Stage};
+use kv_stage::{InstanceId, RequestContext as C, Stage, units::Rate};
 use rocks_env::{RocksLayout, StagedDb};
 use tests::{key, small_lsm_options, value, wait_for};
 
@@ -32,8 +32,8 @@ fn silk_splits_what_is_left_between_two_dbs_flushing_at_once() {
     let (db1, db2) = (open(&d1, 1), open(&d2, 2));
     let (kvs, min) = (64.0 * MIB, 4.0 * MIB);
     let mut cfg = ControllerConfig::silk(SilkConfig {
-        kvs_bandwidth: kv_stage::Bandwidth::new(kvs).unwrap(),
-        min_bandwidth: kv_stage::Bandwidth::new(min).unwrap(),
+        kvs_bandwidth: kv_stage::units::Bandwidth::new(kvs).unwrap(),
+        min_bandwidth: kv_stage::units::Bandwidth::new(min).unwrap(),
         // Every cycle sets every rate, so each record holds a whole decision.
         hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,

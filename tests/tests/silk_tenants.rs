@@ -7,7 +7,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, SilkConfig};
 use kv_async::AsyncDb;
-use kv_stage::{Bandwidth, Rate, RequestContext, RuleSet, RulesFormat, Stage};
+use kv_stage::{
+    RequestContext, RuleSet, RulesFormat, Stage,
+    units::{Bandwidth, Rate},
+};
 use rocks_env::{RocksLayout, StagedDb};
 
 const MIB: f64 = 1048576.0;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use kv_stage::paio::PaioOptions;
-use kv_stage::{InstanceId, RuleSet, RulesFormat, Stage, Volume};
+use kv_stage::{InstanceId, RuleSet, RulesFormat, Stage, volumes::Volume};
 use rocks_env::StagedDb;
 use tests::{key, small_lsm_options, value};
 

@@ -293,7 +293,7 @@ impl Policy for Adaptive {
         "adaptive"
     }
 
-    fn check_stage(&self, info: &kv_stage::StageInfo) -> Result<(), String> {
+    fn check_stage(&self, info: &kv_stage::info::StageInfo) -> Result<(), String> {
         super::check_background_drls(self.name(), info)
     }
 
@@ -332,8 +332,8 @@ mod tests {
     /// `D` 60 MiB/s, floor 4: calm budget 20 MiB/s.
     fn policy() -> Adaptive {
         Adaptive::new(&AdaptiveConfig {
-            device_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
-            min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+            device_bandwidth: kv_stage::units::Bandwidth::new(60.0 * MIB).unwrap(),
+            min_bandwidth: kv_stage::units::Bandwidth::new(4.0 * MIB).unwrap(),
             ..AdaptiveConfig::default()
         })
     }

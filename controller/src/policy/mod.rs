@@ -9,7 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_stage::{Collection, InstanceId, JobCounters, Rates, RequestContext, StageInfo};
+use kv_stage::{
+    Collection, InstanceId, Rates, RequestContext,
+    info::{JobCounters, StageInfo},
+};
 use serde::Serialize;
 
 pub use adaptive::{Adaptive, AdaptiveInputs, AdaptiveMode};
@@ -228,7 +231,7 @@ pub(crate) fn check_background_drls(policy: &str, info: &StageInfo) -> Result<()
 fn drls_for(info: &StageInfo, ctx: RequestContext) -> Vec<ObjectRef> {
     info.objects_for_context(ctx)
         .into_iter()
-        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::ObjectKind::Drl))
+        .filter(|(c, o)| info.object(c, o).is_some_and(|x| x.kind == kv_stage::object::ObjectKind::Drl))
         .map(|(c, o)| ObjectRef::new(c, o))
         .collect()
 }

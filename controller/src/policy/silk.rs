@@ -141,7 +141,7 @@ impl Policy for Silk {
         "silk"
     }
 
-    fn check_stage(&self, info: &kv_stage::StageInfo) -> Result<(), String> {
+    fn check_stage(&self, info: &kv_stage::info::StageInfo) -> Result<(), String> {
         super::check_background_drls(self.name(), info)
     }
 
@@ -227,8 +227,8 @@ mod tests {
 
     fn silk() -> Silk {
         Silk::new(&SilkConfig {
-            kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
-            min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
+            kvs_bandwidth: kv_stage::units::Bandwidth::new(200.0 * MIB).unwrap(),
+            min_bandwidth: kv_stage::units::Bandwidth::new(10.0 * MIB).unwrap(),
             hysteresis: Rate::from_bytes_per_sec(10.0 * MIB).unwrap(),
             pressure: None,
         })
@@ -268,10 +268,10 @@ mod tests {
     #[test]
     fn pressure_slides_the_budget_between_calm_and_left() {
         let mut cfg = SilkConfig {
-            kvs_bandwidth: kv_stage::Bandwidth::new(200.0 * MIB).unwrap(),
-            min_bandwidth: kv_stage::Bandwidth::new(10.0 * MIB).unwrap(),
+            kvs_bandwidth: kv_stage::units::Bandwidth::new(200.0 * MIB).unwrap(),
+            min_bandwidth: kv_stage::units::Bandwidth::new(10.0 * MIB).unwrap(),
             hysteresis: Rate::from_bytes_per_sec(10.0 * MIB).unwrap(),
-            pressure: Some(PressureConfig::new(kv_stage::Bandwidth::new(40.0 * MIB).unwrap())),
+            pressure: Some(PressureConfig::new(kv_stage::units::Bandwidth::new(40.0 * MIB).unwrap())),
         };
         let s = Silk::new(&cfg);
         // Clients use 50: left = 150; ramp 0.25 -> 0.75.

@@ -12,7 +12,7 @@ use controller::{
     Controller, ControllerConfig, Decision, FairShareConfig, InstanceConfig, InstanceKey, ObjectRef, Observation,
     Policy, PolicyError, PolicyKind, Setting, SilkConfig, StageHandle,
 };
-use kv_stage::{DrlSpec, ObjectSpec, Rate, Rule, Stage};
+use kv_stage::{DrlSpec, ObjectSpec, Rule, Stage, units::Rate};
 
 /// How a scenario reaches its stages.
 pub trait Via {
@@ -143,7 +143,7 @@ pub fn fair_share_instances_join_and_leave(via: &dyn Via) {
     let mut cfg = ControllerConfig::fair_share(
         PolicyKind::MaxMin,
         FairShareConfig {
-            device_bandwidth: kv_stage::Bandwidth::new(1_000_000.0).unwrap(),
+            device_bandwidth: kv_stage::units::Bandwidth::new(1_000_000.0).unwrap(),
             instances: vec![inst("a"), inst("b")],
         },
     );
@@ -221,10 +221,10 @@ pub fn pressure_from_the_handle_drives_silk_with_pressure(via: &dyn Via) {
         controller::Pressure::new(*source.lock().unwrap(), 0.0, 0.0)
     }));
     let silk = SilkConfig {
-        kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
-        min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+        kvs_bandwidth: kv_stage::units::Bandwidth::new(60.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::units::Bandwidth::new(4.0 * MIB).unwrap(),
         hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
-        pressure: Some(controller::PressureConfig::new(kv_stage::Bandwidth::new(20.0 * MIB).unwrap())),
+        pressure: Some(controller::PressureConfig::new(kv_stage::units::Bandwidth::new(20.0 * MIB).unwrap())),
     };
     let ln_rate = || match stage.object("ln", "drl").unwrap().spec() {
         Some(ObjectSpec::Drl(d)) => d.rate.per_sec() / MIB,
@@ -264,8 +264,8 @@ pub fn silk_sees_level_pair_jobs_through_their_classes(via: &dyn Via) {
     let layout = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv-stage/examples/rules/rocksdb.toml");
     stage.apply(&kv_stage::RuleSet::load(std::path::Path::new(layout)).unwrap()).unwrap();
     let silk = SilkConfig {
-        kvs_bandwidth: kv_stage::Bandwidth::new(60.0 * MIB).unwrap(),
-        min_bandwidth: kv_stage::Bandwidth::new(4.0 * MIB).unwrap(),
+        kvs_bandwidth: kv_stage::units::Bandwidth::new(60.0 * MIB).unwrap(),
+        min_bandwidth: kv_stage::units::Bandwidth::new(4.0 * MIB).unwrap(),
         hysteresis: Rate::from_bytes_per_sec(0.0).unwrap(),
         pressure: None,
     };

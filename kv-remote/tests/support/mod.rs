@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kv_stage::{DrlSpec, Match, ObjectSpec, Rate, RequestContext, Rule, Stage};
+use kv_stage::{DrlSpec, Match, ObjectSpec, RequestContext, Rule, Stage, units::Rate};
 
 /// A stage with `fg` (foreground) and its DRL at 64 MiB/s.
 pub fn stage(name: &str) -> Arc<Stage> {

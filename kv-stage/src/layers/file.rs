@@ -19,7 +19,7 @@ use crate::stage::Stage;
 /// ```
 /// use std::io::{Read, Write};
 /// use std::sync::Arc;
-/// use kv_stage::{Stage, StagedFile};
+/// use kv_stage::{Stage, layer::StagedFile};
 ///
 /// let stage = Arc::new(Stage::new("files"));
 /// let dir = tempfile::tempdir().unwrap();

@@ -32,7 +32,7 @@ pub trait KvStore: Send + Sync {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use kv_stage::{KvStore, MemKv, Stage, StagedKv};
+/// use kv_stage::{Stage, layer::{KvStore, MemKv, StagedKv}};
 ///
 /// let stage = Arc::new(Stage::new("kv"));
 /// let kv = StagedKv::new(MemKv::default(), Arc::clone(&stage));

@@ -179,7 +179,7 @@ impl BatchPlan {
 /// tells the layer how to group.
 ///
 /// ```
-/// use kv_stage::{Batch, BatchSpec, Context, EnforcementObject, ObjectConfig, RequestType};
+/// use kv_stage::{Context, ObjectConfig, RequestType, object::{Batch, BatchSpec, EnforcementObject}};
 ///
 /// let b = Batch::new(BatchSpec::default()).unwrap();
 /// let plan = b.enforce(&Context::new(RequestType::Put, 100)).unwrap().batch.unwrap();

@@ -24,7 +24,7 @@
 //! limits = "rbps=8MiB wbps=8MiB"
 //! ```
 //!
-//! Each volume becomes a channel of its name with one [`Qos`](crate::Qos)
+//! Each volume becomes a channel of its name with one [`Qos`](crate::object::Qos)
 //! object, [`VOLUME_OBJECT`], as its default object; a key the volume does
 //! not set is `max`. Requests of no volume are untouched: they go where the
 //! other rules send them. A limit changes live with a `configure` rule (or
@@ -120,7 +120,7 @@ impl Volume {
     /// their limit, as a write to `io.max` does.
     ///
     /// ```
-    /// use kv_stage::{RuleSet, RulesFormat, Stage, Volume, ObjectSpec, paio::PaioOptions};
+    /// use kv_stage::{RuleSet, RulesFormat, Stage, ObjectSpec, paio::PaioOptions, volumes::Volume};
     /// let rules = RuleSet::parse(
     ///     "[[volumes]]\nname = \"db\"\ninstance = 1\nlimits = \"wbps=4MiB riops=200\"\n",
     ///     RulesFormat::Toml, None, &PaioOptions::default()).unwrap();

@@ -800,7 +800,7 @@ impl Stage {
     }
 
     /// Shuts the stage down: every waiting request fails with
-    /// [`EnforceErrorKind::ShutDown`](crate::EnforceErrorKind::ShutDown), and so does every later one. Idempotent.
+    /// [`EnforceErrorKind::ShutDown`](crate::errors::EnforceErrorKind::ShutDown), and so does every later one. Idempotent.
     pub fn shutdown(&self) {
         let m = self.lock_control();
         self.shut_down.store(true, Ordering::Release);
