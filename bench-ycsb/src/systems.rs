@@ -32,7 +32,7 @@ use std::time::Duration;
 use controller::{Controller, ControllerConfig, Pressure, PressureConfig, SilkConfig, StageHandle, WithPressure};
 use kv_stage::iomax::IoMax;
 use kv_stage::{
-    ObjectConfig, Stage,
+    ObjectChange, Stage,
     units::{Bandwidth, Rate},
 };
 use rocks_env::{Device, RocksLayout, StagedDb};
@@ -498,7 +498,7 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         }
         SystemKind::PaioStatic => {
             let h = RocksLayout::new().install(&stage)?;
-            let third = ObjectConfig::rate(
+            let third = ObjectChange::rate(
                 Rate::from_bytes_per_sec(kvs.bytes_per_sec() / 3.0).map_err(|e| Error::Usage(e.to_string()))?,
             );
             for o in [&h.flush, &h.compaction_l0, &h.compaction_ln] {

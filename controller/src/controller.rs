@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kv_stage::{Collection, ObjectConfig, RequestContext, info::StageInfo, units::Rate};
+use kv_stage::{Collection, ObjectChange, RequestContext, info::StageInfo, units::Rate};
 use serde::Serialize;
 
 use crate::config::{ControllerConfig, PolicyKind};
@@ -565,7 +565,7 @@ impl LoopState {
                 continue;
             }
             let config = |rate: f64| {
-                ObjectConfig::rate(if rate.is_finite() {
+                ObjectChange::rate(if rate.is_finite() {
                     Rate::from_bytes_per_sec(rate).unwrap_or(Rate::UNLIMITED)
                 } else {
                     Rate::UNLIMITED

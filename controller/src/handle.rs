@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use kv_stage::{
-    Collection, ObjectConfig, RuleSet, Stage,
+    Collection, ObjectChange, RuleSet, Stage,
     info::{ApplyReport, ObjectHandle, StageInfo},
 };
 
@@ -54,13 +54,13 @@ pub trait StageHandle: Send + Sync {
 /// Re-configuring one object of a stage (see [`StageHandle::object`]).
 pub trait ObjectControl: Send + Sync {
     /// Checks a change without applying it.
-    fn check(&self, set: &ObjectConfig) -> Result<(), HandleError>;
+    fn check(&self, set: &ObjectChange) -> Result<(), HandleError>;
     /// Applies a change (checking it first).
-    fn configure(&self, set: &ObjectConfig) -> Result<(), HandleError>;
+    fn configure(&self, set: &ObjectChange) -> Result<(), HandleError>;
     /// Applies a change, or starts to: a remote object sends it and its
     /// stage handle reports the outcome in [`StageHandle::finish_cycle`].
     /// By default the same as [`configure`](Self::configure).
-    fn configure_deferred(&self, set: &ObjectConfig) -> Result<(), HandleError> {
+    fn configure_deferred(&self, set: &ObjectChange) -> Result<(), HandleError> {
         self.configure(set)
     }
 }
@@ -97,10 +97,10 @@ impl From<kv_stage::Error> for HandleError {
 }
 
 impl ObjectControl for ObjectHandle {
-    fn check(&self, set: &ObjectConfig) -> Result<(), HandleError> {
+    fn check(&self, set: &ObjectChange) -> Result<(), HandleError> {
         Ok(ObjectHandle::check(self, set)?)
     }
-    fn configure(&self, set: &ObjectConfig) -> Result<(), HandleError> {
+    fn configure(&self, set: &ObjectChange) -> Result<(), HandleError> {
         Ok(ObjectHandle::configure(self, set)?)
     }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use kv_async::AsyncDb;
-use kv_stage::{Context, ObjectConfig, RequestContext, RequestType, RuleSet, RulesFormat, Stage};
+use kv_stage::{Context, ObjectChange, RequestContext, RequestType, RuleSet, RulesFormat, Stage};
 use rocks_env::StagedDb;
 
 #[derive(Parser)]
@@ -254,7 +254,7 @@ fn tenants_run(api: Api, flood: bool, args: &Args) -> f64 {
                 std::thread::sleep(Duration::from_millis(10));
             }
             stop.store(true, Ordering::Relaxed);
-            let _ = stage.configure("bench_heavy", "o", ObjectConfig::rate(kv_stage::units::Rate::UNLIMITED));
+            let _ = stage.configure("bench_heavy", "o", ObjectChange::rate(kv_stage::units::Rate::UNLIMITED));
         })
     };
     let p99 = rt.block_on(async {

@@ -209,7 +209,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         light.await??;
         // The heavy clients may be waiting in their limiter: lift it so
         // they see the stop, and wait for them.
-        staged.stage().configure("heavy", "limit", kv_stage::ObjectConfig::rate(kv_stage::units::Rate::UNLIMITED))?;
+        staged.stage().configure("heavy", "limit", kv_stage::ObjectChange::rate(kv_stage::units::Rate::UNLIMITED))?;
         for h in heavy {
             h.await??;
         }

@@ -24,7 +24,7 @@ use controller::{Controller, ControllerConfig, FairShareConfig, InstanceConfig, 
 use kv_remote::{ClientOptions, Connector, Endpoint, StageAgent};
 use kv_stage::units::parse_duration;
 use kv_stage::{
-    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, Stage,
+    Context, DrlSpec, Match, ObjectChange, ObjectSpec, RequestContext, RequestType, Rule, Stage,
     units::{Bandwidth, Rate},
 };
 
@@ -151,7 +151,7 @@ fn roundtrip(iterations: usize) -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             StageHandle::collect(&remote)?;
             let t1 = Instant::now();
-            object.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(1e9 + i as f64)?))?;
+            object.configure(&ObjectChange::rate(Rate::from_bytes_per_sec(1e9 + i as f64)?))?;
             let t2 = Instant::now();
             if i >= 200 {
                 collect.push((t1 - t0).as_secs_f64() * 1e6);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    ObjectConfig, ObjectSpec, QosSpec, RequestContext, Rule, RuleSet, RulesFormat, Stage,
+    ObjectChange, ObjectSpec, QosSpec, RequestContext, Rule, RuleSet, RulesFormat, Stage,
     info::Checkpoint,
     object::DrlSettings,
     units::{Rate, RateUnit},
@@ -1114,7 +1114,7 @@ impl Shared {
         &self,
         label: &str,
         current: Option<&ObjectSpec>,
-        set: &ObjectConfig,
+        set: &ObjectChange,
     ) -> std::result::Result<(), String> {
         match current {
             Some(ObjectSpec::Drl(d)) => {
@@ -1293,13 +1293,13 @@ impl StageAgentService for Service {
         };
         let set = match r.change {
             Some(pb::configure_request::Change::RateBps(bps)) if bps == f64::INFINITY => {
-                ObjectConfig::rate(Rate::UNLIMITED)
+                ObjectChange::rate(Rate::UNLIMITED)
             }
-            Some(pb::configure_request::Change::RateBps(bps)) => ObjectConfig::rate(
+            Some(pb::configure_request::Change::RateBps(bps)) => ObjectChange::rate(
                 Rate::from_bytes_per_sec(bps)
                     .map_err(|e| s.invalid(Status::invalid_argument(format!("field `rate_bps`: {bps}: {e}"))))?,
             ),
-            Some(pb::configure_request::Change::SettingsJson(json)) => serde_json::from_str::<ObjectConfig>(&json)
+            Some(pb::configure_request::Change::SettingsJson(json)) => serde_json::from_str::<ObjectChange>(&json)
                 .map_err(|e| s.invalid(Status::invalid_argument(format!("field `settings_json`: {e}"))))?,
             None => return Err(s.invalid(Status::invalid_argument("field `change`: give rate_bps or settings_json"))),
         };

@@ -20,7 +20,7 @@
 //! use std::sync::Arc;
 //! use controller::StageHandle;
 //! use kv_remote::{ClientOptions, Connector, StageAgent};
-//! use kv_stage::{DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext, Rule, Stage, units::Rate};
+//! use kv_stage::{DrlSpec, Match, ObjectChange, ObjectSpec, RequestContext, Rule, Stage, units::Rate};
 //!
 //! // The service: a stage with a DRL, and an agent on a Unix socket.
 //! let dir = tempfile::tempdir()?;
@@ -38,7 +38,7 @@
 //! assert_eq!(remote.name(), "tenant-a");
 //! let info = remote.stage_info()?;
 //! assert!(info.object("fg", "drl").is_some());
-//! remote.object("fg", "drl").unwrap().configure(&ObjectConfig::rate("8MiB/s".parse()?))?;
+//! remote.object("fg", "drl").unwrap().configure(&ObjectChange::rate("8MiB/s".parse()?))?;
 //! assert_eq!(stage.object("fg", "drl").unwrap().spec(), Some(ObjectSpec::Drl(DrlSpec::new("8MiB/s".parse()?))));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

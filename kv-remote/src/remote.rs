@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use controller::{HandleError, ObjectControl, ObjectRef, StageHandle};
 use kv_stage::{
-    Collection, ObjectConfig, ObjectSpec, RuleSet, RulesFormat,
+    Collection, ObjectChange, ObjectSpec, RuleSet, RulesFormat,
     info::{ApplyReport, StageInfo},
     object::{DrlSettings, EnforcementObject as _, Object},
     rule::RULES_VERSION,
@@ -588,7 +588,7 @@ impl RemoteStage {
     }
 
     /// Changes one object (blocking), under the connector's lease.
-    pub fn configure(&self, channel: &str, object: &str, set: &ObjectConfig) -> Result<()> {
+    pub fn configure(&self, channel: &str, object: &str, set: &ObjectChange) -> Result<()> {
         let req = configure_request(channel, object, set, self.inner.options.lease);
         self.call(|mut c, r| async move { c.configure(r).await }, req).map(|_| ()).map_err(|m| self.error(m))
     }
@@ -642,7 +642,7 @@ fn request<T>(
 
 /// A change on the wire: a DRL's rate alone goes as a number, anything
 /// else as the rule's settings in JSON.
-fn configure_request(channel: &str, object: &str, set: &ObjectConfig, lease: Duration) -> pb::ConfigureRequest {
+fn configure_request(channel: &str, object: &str, set: &ObjectChange, lease: Duration) -> pb::ConfigureRequest {
     pb::ConfigureRequest {
         channel: channel.to_owned(),
         object: object.to_owned(),
@@ -653,7 +653,7 @@ fn configure_request(channel: &str, object: &str, set: &ObjectConfig, lease: Dur
 
 /// A typed rate change (what a controller makes) parses back without
 /// writing the settings out; anything else goes as the rule's JSON.
-fn change_of(set: &ObjectConfig) -> pb::configure_request::Change {
+fn change_of(set: &ObjectChange) -> pb::configure_request::Change {
     match set.parse::<DrlSettings>("DRL") {
         Ok(DrlSettings { rate: Some(r), burst: None, refill_period: None })
             if r.unit() == kv_stage::units::RateUnit::Bytes =>
@@ -775,7 +775,7 @@ struct RemoteObject {
 impl RemoteObject {
     /// Sends a change; `None` when the same change was sent under a lease
     /// that still holds.
-    fn send(&self, set: &ObjectConfig) -> Option<Pending<pb::ConfigureReply>> {
+    fn send(&self, set: &ObjectChange) -> Option<Pending<pb::ConfigureReply>> {
         let change = change_of(set);
         if !self.inner.options.lease.is_zero() {
             let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
@@ -801,7 +801,7 @@ impl RemoteObject {
 }
 
 impl ObjectControl for RemoteObject {
-    fn check(&self, set: &ObjectConfig) -> std::result::Result<(), HandleError> {
+    fn check(&self, set: &ObjectChange) -> std::result::Result<(), HandleError> {
         match &self.shadow {
             Some(o) => o
                 .validate(set)
@@ -810,7 +810,7 @@ impl ObjectControl for RemoteObject {
         }
     }
 
-    fn configure(&self, set: &ObjectConfig) -> std::result::Result<(), HandleError> {
+    fn configure(&self, set: &ObjectChange) -> std::result::Result<(), HandleError> {
         self.check(set)?;
         let Some(p) = self.send(set) else { return Ok(()) };
         let r = self.inner.block_on(p);
@@ -828,7 +828,7 @@ impl ObjectControl for RemoteObject {
         }
     }
 
-    fn configure_deferred(&self, set: &ObjectConfig) -> std::result::Result<(), HandleError> {
+    fn configure_deferred(&self, set: &ObjectChange) -> std::result::Result<(), HandleError> {
         self.check(set)?;
         if let Some(p) = self.send(set) {
             self.pending.lock().unwrap_or_else(|e| e.into_inner()).push((self.target.clone(), p));

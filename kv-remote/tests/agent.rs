@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use controller::StageHandle;
 use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
-use kv_stage::{ObjectConfig, RequestContext, Rule, RuleSet, RulesFormat, Stage, units::Rate};
+use kv_stage::{ObjectChange, RequestContext, Rule, RuleSet, RulesFormat, Stage, units::Rate};
 use support::{drl_rate, stage, wait_until};
 
 fn loopback() -> Endpoint {
@@ -153,14 +153,14 @@ spec = { kind = "drl", rate = "-5MiB/s" }
     assert_eq!(agent.stats().refused_invalid, 1);
     // Through the StageHandle interface (a RuleSet built in code): the same.
     let bad = RuleSet::from_rules([
-        Rule::configure("fg", "drl", ObjectConfig::rate("1MiB/s".parse().unwrap())),
-        Rule::configure("fg", "nope", ObjectConfig::rate("1MiB/s".parse().unwrap())),
+        Rule::configure("fg", "drl", ObjectChange::rate("1MiB/s".parse().unwrap())),
+        Rule::configure("fg", "nope", ObjectChange::rate("1MiB/s".parse().unwrap())),
     ]);
     let err = StageHandle::apply(&remote, &bad).unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
     assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
     // Unknown object, bad rate, no change: refused by name.
-    let err = remote.configure("fg", "missing", &ObjectConfig::rate("1MiB/s".parse().unwrap())).unwrap_err();
+    let err = remote.configure("fg", "missing", &ObjectChange::rate("1MiB/s".parse().unwrap())).unwrap_err();
     assert!(err.to_string().contains("NotFound") && err.to_string().contains("fg/missing"), "{err}");
     let mut raw = remote.raw_client();
     let status = remote
@@ -186,7 +186,7 @@ spec = { kind = "drl", rate = "-5MiB/s" }
     assert!(status.message().contains("field `change`"), "{status:?}");
     assert_eq!(drl_rate(&s), "64MiB/s".parse().unwrap());
     // A good change goes through.
-    remote.configure("fg", "drl", &ObjectConfig::rate("8MiB/s".parse().unwrap())).unwrap();
+    remote.configure("fg", "drl", &ObjectChange::rate("8MiB/s".parse().unwrap())).unwrap();
     assert_eq!(drl_rate(&s), "8MiB/s".parse().unwrap());
 }
 
@@ -253,7 +253,7 @@ fn a_lease_that_runs_out_restores_the_stage_own_rates() {
     let lease = Duration::from_millis(300);
     let controller = connector(|o| o.lease = lease).connect(agent.endpoint()).unwrap();
     assert_eq!(controller.hello().fallback, "restore");
-    controller.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    controller.configure("fg", "drl", &ObjectChange::rate("2MiB/s".parse().unwrap())).unwrap();
     assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap());
     // Renewed by collects for a while: the rate stays.
     for _ in 0..10 {
@@ -277,7 +277,7 @@ fn a_lease_that_runs_out_restores_the_stage_own_rates() {
     assert_eq!(agent.stats().fallbacks, 1);
     assert!(!agent.stats().leased);
     // The controller comes back: its changes apply again.
-    controller.configure("fg", "drl", &ObjectConfig::rate("3MiB/s".parse().unwrap())).unwrap();
+    controller.configure("fg", "drl", &ObjectChange::rate("3MiB/s".parse().unwrap())).unwrap();
     assert_eq!(drl_rate(&s), "3MiB/s".parse().unwrap());
     drop(agent);
     assert!(!dir.path().join("lease.sock").exists(), "the socket file is removed");
@@ -288,23 +288,23 @@ fn fallback_keep_and_fallback_rules() {
     let s = stage("keep");
     let agent = StageAgent::builder(Arc::clone(&s)).token(TOKEN).fallback(Fallback::Keep).serve(&loopback()).unwrap();
     let c = connector(|o| o.lease = Duration::from_millis(100)).connect(agent.endpoint()).unwrap();
-    c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    c.configure("fg", "drl", &ObjectChange::rate("2MiB/s".parse().unwrap())).unwrap();
     wait_until(Duration::from_secs(2), || agent.stats().fallbacks == 1).expect("lease ran out");
     assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap(), "keep keeps the last rate");
 
     let s = stage("rules");
-    let safe = RuleSet::from_rules([Rule::configure("fg", "drl", ObjectConfig::rate("16MiB/s".parse().unwrap()))]);
+    let safe = RuleSet::from_rules([Rule::configure("fg", "drl", ObjectChange::rate("16MiB/s".parse().unwrap()))]);
     let agent =
         StageAgent::builder(Arc::clone(&s)).token(TOKEN).fallback(Fallback::Rules(safe)).serve(&loopback()).unwrap();
     let c = connector(|o| o.lease = Duration::from_millis(100)).connect(agent.endpoint()).unwrap();
-    c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    c.configure("fg", "drl", &ObjectChange::rate("2MiB/s".parse().unwrap())).unwrap();
     wait_until(Duration::from_secs(2), || drl_rate(&s) == "16MiB/s".parse().unwrap()).expect("fallback rules applied");
     // Without a lease a change stays, on an agent that takes such changes.
     let s = stage("nolease");
     let limits = AgentLimits { require_lease: false, ..AgentLimits::default() };
     let agent = StageAgent::builder(Arc::clone(&s)).token(TOKEN).limits(limits).serve(&loopback()).unwrap();
     let c = connector(|o| o.lease = Duration::ZERO).connect(agent.endpoint()).unwrap();
-    c.configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap())).unwrap();
+    c.configure("fg", "drl", &ObjectChange::rate("2MiB/s".parse().unwrap())).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(drl_rate(&s), "2MiB/s".parse().unwrap());
     assert_eq!(agent.stats().fallbacks, 0);
@@ -354,7 +354,7 @@ fn one_agent_serves_several_stages_and_reads_them_in_one_call() {
     assert!(e.contains("NotFound") && e.contains("no stage 'gamma'"), "{e}");
     let only_b = c.connect_stage(agent.endpoint(), "beta").unwrap();
     assert_eq!(only_b.name(), "beta");
-    only_b.configure("fg", "drl", &ObjectConfig::rate("3MiB/s".parse().unwrap())).unwrap();
+    only_b.configure("fg", "drl", &ObjectChange::rate("3MiB/s".parse().unwrap())).unwrap();
     assert_eq!(drl_rate(&b), "3MiB/s".parse().unwrap());
     assert_eq!(drl_rate(&a), "64MiB/s".parse().unwrap(), "the other stage is untouched");
 

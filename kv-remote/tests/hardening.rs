@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kv_remote::{AgentLimits, ClientOptions, Connector, Endpoint, Fallback, StageAgent, pb};
 use kv_stage::{
-    Context, DrlSpec, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, RuleSet, RulesFormat, units::Rate,
+    Context, DrlSpec, ObjectChange, ObjectSpec, RequestContext, RequestType, Rule, RuleSet, RulesFormat, units::Rate,
 };
 use support::{drl_rate, stage, wait_until};
 
@@ -239,10 +239,10 @@ fn a_shortened_lease_is_kept_and_a_failed_fallback_is_tried_again() {
     connector(Duration::from_secs(5))
         .connect(agent.endpoint())
         .unwrap()
-        .configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap()))
+        .configure("fg", "drl", &ObjectChange::rate("2MiB/s".parse().unwrap()))
         .unwrap();
     let short = connector(Duration::from_millis(200)).connect(agent.endpoint()).unwrap();
-    short.configure("fg", "drl", &ObjectConfig::rate("3MiB/s".parse().unwrap())).unwrap();
+    short.configure("fg", "drl", &ObjectChange::rate("3MiB/s".parse().unwrap())).unwrap();
     let t = Instant::now();
     drop(short);
     wait_until(Duration::from_secs(4), || drl_rate(&s) == "64MiB/s".parse().unwrap())
@@ -252,13 +252,13 @@ fn a_shortened_lease_is_kept_and_a_failed_fallback_is_tried_again() {
     // Fallback rules that cannot apply yet (their object does not exist):
     // tried again until they can.
     let s = stage("retry");
-    let later = RuleSet::from_rules([Rule::configure("late", "drl", ObjectConfig::rate("16MiB/s".parse().unwrap()))]);
+    let later = RuleSet::from_rules([Rule::configure("late", "drl", ObjectChange::rate("16MiB/s".parse().unwrap()))]);
     let agent =
         StageAgent::builder(Arc::clone(&s)).fallback(Fallback::Rules(later)).serve(&socket(&dir, "r.sock")).unwrap();
     connector(Duration::from_millis(150))
         .connect(agent.endpoint())
         .unwrap()
-        .configure("fg", "drl", &ObjectConfig::rate("2MiB/s".parse().unwrap()))
+        .configure("fg", "drl", &ObjectChange::rate("2MiB/s".parse().unwrap()))
         .unwrap();
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(agent.stats().fallbacks, 0, "the fallback cannot have succeeded");

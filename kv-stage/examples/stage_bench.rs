@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use kv_stage::units::parse_duration;
 use kv_stage::{
-    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestType, Rule, Stage, WorkflowId, rule::FieldMatch,
+    Context, DrlSpec, Match, ObjectChange, ObjectSpec, RequestType, Rule, Stage, WorkflowId, rule::FieldMatch,
     units::Rate,
 };
 use serde_json::json;
@@ -179,7 +179,7 @@ fn main() -> Result<(), String> {
             if !changed && t >= change_at {
                 samples.push((start.elapsed(), channel_tokens(&stage)));
                 for c in 0..a.channels {
-                    stage.configure(&format!("c{c}"), "o", ObjectConfig::rate(r)).map_err(|e| e.to_string())?;
+                    stage.configure(&format!("c{c}"), "o", ObjectChange::rate(r)).map_err(|e| e.to_string())?;
                 }
                 samples.push((start.elapsed(), channel_tokens(&stage)));
                 changed = true;

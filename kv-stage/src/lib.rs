@@ -49,7 +49,7 @@
 //! assert_eq!(stage.select(&Context::new(RequestType::Write, 0)).1.as_deref(), Some("flush/drl"));
 //!
 //! // A controller lowers the rate live.
-//! stage.configure("flush", "drl", kv_stage::ObjectConfig::rate("32MiB/s".parse().unwrap())).unwrap();
+//! stage.configure("flush", "drl", kv_stage::ObjectChange::rate("32MiB/s".parse().unwrap())).unwrap();
 //! let stats = stage.collect();
 //! assert_eq!(stats.context(RequestContext::BG_FLUSH).bytes, 1 << 20);
 //! ```
@@ -81,7 +81,7 @@ pub mod units;
 pub use context::{Context, ContextScope, InstanceId, Reason, RequestContext, RequestType, WorkflowId, with_context};
 pub use error::{EnforceError, Error, FieldError, Result};
 pub use matching::Match;
-pub use objects::{DrlSpec, ObjectConfig, ObjectSpec, QosSpec};
+pub use objects::{DrlSpec, ObjectChange, ObjectSpec, QosSpec};
 pub use rules::{Rule, RuleSet, RulesFormat};
 pub use stage::{Collection, Rates, Stage};
 

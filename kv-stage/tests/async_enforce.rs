@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, InstanceId, ObjectConfig, ObjectSpec, QosSpec, RequestType, Rule, RuleSet, RulesFormat, Stage,
+    Context, DrlSpec, InstanceId, ObjectChange, ObjectSpec, QosSpec, RequestType, Rule, RuleSet, RulesFormat, Stage,
 };
 
 fn stage_with(spec: ObjectSpec) -> Arc<Stage> {
@@ -87,7 +87,7 @@ fn async_waiters_are_admitted_in_arrival_order_with_blocking_ones() {
         .configure(
             "default",
             "o",
-            ObjectConfig::from_settings(&kv_stage::object::DrlSettings {
+            ObjectChange::from_settings(&kv_stage::object::DrlSettings {
                 rate: Some("50ops/s".parse().unwrap()),
                 burst: Some("1".parse().unwrap()),
                 refill_period: None,
@@ -214,10 +214,10 @@ fn a_rate_change_wakes_async_waiters_and_shutdown_fails_them() {
     }
     std::thread::sleep(Duration::from_millis(20));
     assert!(!t.is_finished(), "admitted by a closed bucket");
-    stage.configure("default", "o", ObjectConfig::rate("1MiB/s".parse().unwrap())).unwrap();
+    stage.configure("default", "o", ObjectChange::rate("1MiB/s".parse().unwrap())).unwrap();
     assert!(rt.block_on(t).unwrap().is_ok());
 
-    stage.configure("default", "o", ObjectConfig::rate("0".parse().unwrap())).unwrap();
+    stage.configure("default", "o", ObjectChange::rate("0".parse().unwrap())).unwrap();
     let s = Arc::clone(&stage);
     let t = rt.spawn(async move { s.enforce_async(put(10)).await });
     while waiting(&stage) == 0 && Instant::now() < deadline {

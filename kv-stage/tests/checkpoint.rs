@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, InstanceId, Match, ObjectConfig, ObjectSpec, QosSpec, RequestContext, RequestType, Rule, Stage,
+    Context, DrlSpec, InstanceId, Match, ObjectChange, ObjectSpec, QosSpec, RequestContext, RequestType, Rule, Stage,
     WorkflowId, rule::FieldMatch, units::Rate,
 };
 
@@ -62,7 +62,7 @@ fn restore_undoes_structural_and_enforcement_changes_and_releases_the_jailed() {
                 spec: ObjectSpec::Drl(DrlSpec::new("1KiB/s".parse().unwrap())),
                 matches: None,
             },
-            Rule::configure("flush", "qos", ObjectConfig::new().with("wbps", "max").with("riops", 10)),
+            Rule::configure("flush", "qos", ObjectChange::new().with("wbps", "max").with("riops", 10)),
         ])
         .unwrap();
     assert_eq!(&*stage.select(&fg()).0, "jail");
@@ -102,7 +102,7 @@ fn restore_undoes_structural_and_enforcement_changes_and_releases_the_jailed() {
 fn an_unchanged_object_is_kept_with_its_state_and_a_changed_rate_comes_back() {
     let stage = tenant_stage();
     let checkpoint = stage.checkpoint();
-    stage.configure("fg", "drl", ObjectConfig::rate("1MiB/s".parse().unwrap())).unwrap();
+    stage.configure("fg", "drl", ObjectChange::rate("1MiB/s".parse().unwrap())).unwrap();
     let flush_qos = stage.object("flush", "qos").unwrap().stats();
     stage.restore(&checkpoint).unwrap();
     assert_eq!(

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kv_stage::{
-    Context, DrlSpec, InstanceId, Match, ObjectConfig, RequestContext as C, RequestType as T, Rule, Stage, WorkflowId,
+    Context, DrlSpec, InstanceId, Match, ObjectChange, RequestContext as C, RequestType as T, Rule, Stage, WorkflowId,
     errors::Rejection,
     object::{Drl, EnforcementObject, Outcome},
     units::Rate,
@@ -20,10 +20,10 @@ impl EnforcementObject for Counting {
     fn kind(&self) -> &'static str {
         "counting"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), kv_stage::FieldError> {
+    fn validate(&self, _: &ObjectChange) -> Result<(), kv_stage::FieldError> {
         Ok(())
     }
-    fn configure(&self, _: &ObjectConfig) {}
+    fn configure(&self, _: &ObjectChange) {}
     fn enforce(&self, _: &Context) -> Result<Outcome, Rejection> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(Outcome::IMMEDIATE)
@@ -41,10 +41,10 @@ impl EnforcementObject for CountingDrl {
     fn kind(&self) -> &'static str {
         "drl"
     }
-    fn validate(&self, c: &ObjectConfig) -> Result<(), kv_stage::FieldError> {
+    fn validate(&self, c: &ObjectChange) -> Result<(), kv_stage::FieldError> {
         self.drl.validate(c)
     }
-    fn configure(&self, c: &ObjectConfig) {
+    fn configure(&self, c: &ObjectChange) {
         self.drl.configure(c)
     }
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
@@ -119,7 +119,7 @@ fn rule_changes_under_load_lose_and_duplicate_nothing() {
             let pattern = Match::context(ctx).and_type(T::Write).and_workflow(WorkflowId(u64::from(round % 8)));
             stage.create_custom_object(ch, &name, d.clone(), Some(pattern)).unwrap();
             stage
-                .apply_rules([Rule::configure(ch, &name, ObjectConfig::rate(Rate::from_bytes_per_sec(2e9).unwrap()))])
+                .apply_rules([Rule::configure(ch, &name, ObjectChange::rate(Rate::from_bytes_per_sec(2e9).unwrap()))])
                 .unwrap();
             drls.push(d);
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext as C, RequestType as T, Rule, Stage,
+    Context, DrlSpec, Match, ObjectChange, ObjectSpec, RequestContext as C, RequestType as T, Rule, Stage,
     errors::{EnforceErrorKind, Rejection},
     layer::{KvStore, MemKv, StagedFile, StagedKv},
     object::{EnforcementObject, Outcome},
@@ -56,7 +56,7 @@ fn closed_drl_holds_requests_until_the_rate_changes() {
     wait_until_waiting(&stage, 4);
     std::thread::sleep(Duration::from_millis(50));
     assert!(waiters.iter().all(|w| !w.is_finished()), "a closed DRL admitted a request");
-    stage.configure("flush", "drl", ObjectConfig::rate(Rate::from_bytes_per_sec(1e9).unwrap())).unwrap();
+    stage.configure("flush", "drl", ObjectChange::rate(Rate::from_bytes_per_sec(1e9).unwrap())).unwrap();
     for w in waiters {
         let outcome = w.join().unwrap().expect("admitted after the rate change");
         assert!(outcome.waited >= Duration::from_millis(50));
@@ -100,10 +100,10 @@ impl EnforcementObject for RefuseWrites {
     fn kind(&self) -> &'static str {
         "refuse-writes"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), kv_stage::FieldError> {
+    fn validate(&self, _: &ObjectChange) -> Result<(), kv_stage::FieldError> {
         Ok(())
     }
-    fn configure(&self, _: &ObjectConfig) {}
+    fn configure(&self, _: &ObjectChange) {}
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
         if matches!(ctx.request_type, T::Write | T::Put) {
             Err(Rejection::Failed("writes are refused".into()))

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use kv_stage::{
-    Context, ContextScope, DrlSpec, Match, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, Stage,
+    Context, ContextScope, DrlSpec, Match, ObjectChange, ObjectSpec, RequestContext, RequestType, Rule, Stage,
 };
 
 #[test]
@@ -27,7 +27,7 @@ fn readme_example() -> Result<(), Box<dyn std::error::Error>> {
 
     // A control plane reads monotonic counters and changes rates live.
     let before = stage.collect();
-    stage.configure("flush", "drl", ObjectConfig::rate("16MiB/s".parse()?))?;
+    stage.configure("flush", "drl", ObjectChange::rate("16MiB/s".parse()?))?;
     let rates = stage.collect().rates_since(&before);
     println!("flush: {:.0} B/s", rates.context(RequestContext::BG_FLUSH).bytes_per_sec);
     assert_eq!(stage.collect().context(RequestContext::BG_FLUSH).bytes, 1 << 20);

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kv_stage::{
-    Context, DrlSpec, EnforceError, ObjectConfig, ObjectSpec, RequestContext, RequestType, Rule, RuleSet, RulesFormat,
+    Context, DrlSpec, EnforceError, ObjectChange, ObjectSpec, RequestContext, RequestType, Rule, RuleSet, RulesFormat,
     Stage, object::Outcome, units::Rate,
 };
 
@@ -59,11 +59,11 @@ fn switching_a_drl_from_bytes_to_ops_does_not_strand_waiters() {
         assert!(t0.elapsed() < Duration::from_secs(5), "the 1 MiB request never started waiting");
         std::thread::sleep(Duration::from_millis(2));
     }
-    stage.configure("c", "drl", ObjectConfig::rate("100ops/s".parse().unwrap())).unwrap();
+    stage.configure("c", "drl", ObjectChange::rate("100ops/s".parse().unwrap())).unwrap();
     let switched = Instant::now();
     let Some(result) = join_within(waiter, Duration::from_secs(2)) else {
         // Unstick it before failing, so the test process can exit.
-        stage.configure("c", "drl", ObjectConfig::rate(Rate::UNLIMITED)).unwrap();
+        stage.configure("c", "drl", ObjectChange::rate(Rate::UNLIMITED)).unwrap();
         panic!("the waiter is still held 2 s after the switch to 100 ops/s");
     };
     result.unwrap();
@@ -72,13 +72,13 @@ fn switching_a_drl_from_bytes_to_ops_does_not_strand_waiters() {
     // behind the re-based waiter.
     let fresh = spawn_enforce(&stage, 1 << 20);
     let Some(result) = join_within(fresh, Duration::from_secs(2)) else {
-        stage.configure("c", "drl", ObjectConfig::rate(Rate::UNLIMITED)).unwrap();
+        stage.configure("c", "drl", ObjectChange::rate(Rate::UNLIMITED)).unwrap();
         panic!("a new request is held 2 s after the switch to 100 ops/s");
     };
     result.unwrap();
     eprintln!("waiter admitted {waited:?} after the switch");
     // And back to bytes: an ops-era request does not strand a byte request.
-    stage.configure("c", "drl", ObjectConfig::rate("1MiB/s".parse().unwrap())).unwrap();
+    stage.configure("c", "drl", ObjectChange::rate("1MiB/s".parse().unwrap())).unwrap();
     let back = spawn_enforce(&stage, 4096);
     assert!(join_within(back, Duration::from_secs(2)).is_some(), "a 4 KiB request is held after switching back");
 }

@@ -8,7 +8,7 @@ use kv_stage::iomax::{DeviceNumber, IoMax, IoMaxLine};
 use kv_stage::paio::PaioOptions;
 use kv_stage::volumes::FIRST_FILE_VOLUME_INSTANCE;
 use kv_stage::{
-    Context, InstanceId, ObjectConfig, ObjectSpec, QosSpec, RequestContext as C, RequestType as T, RuleSet,
+    Context, InstanceId, ObjectChange, ObjectSpec, QosSpec, RequestContext as C, RequestType as T, RuleSet,
     RulesFormat, Stage, WorkflowId,
     volumes::{Volume, VolumeSelector},
 };
@@ -154,6 +154,6 @@ fn qos_specs_read_io_max_and_fields_but_not_both_for_one_key() {
     // A limit below 1/s is refused as it is read, naming its key.
     let e = spec("kind = \"qos\"\nriops = 0.5").unwrap_err().to_string();
     assert!(e.contains("riops: 0.5 is below 1/s"), "{e}");
-    let e = ObjectConfig::parse::<QosSpec>(&serde_json::from_str(r#"{"riops": 0.5}"#).unwrap(), "QoS").unwrap_err();
+    let e = ObjectChange::parse::<QosSpec>(&serde_json::from_str(r#"{"riops": 0.5}"#).unwrap(), "QoS").unwrap_err();
     assert_eq!((e.field.as_str(), e.message.starts_with("0.5 is below 1/s")), ("riops", true), "{e}");
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kv_stage::{ObjectConfig, RequestContext, Stage};
+use kv_stage::{ObjectChange, RequestContext, Stage};
 use rocks_env::{FileKind, RocksLayout, StagedDb, with_context};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The paper's RocksDB layout, with LN compactions limited to 32 MiB/s.
     let stage = Arc::new(Stage::new("embed"));
     let handles = RocksLayout::new().install(&stage)?;
-    handles.compaction_ln.configure(&ObjectConfig::rate("32MiB/s".parse()?))?;
+    handles.compaction_ln.configure(&ObjectChange::rate("32MiB/s".parse()?))?;
 
     let mut opts = rocksdb::Options::default();
     opts.create_if_missing(true);

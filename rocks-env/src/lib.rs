@@ -33,13 +33,13 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kv_stage::{ObjectConfig, RequestContext, Stage};
+//! use kv_stage::{ObjectChange, RequestContext, Stage};
 //! use rocks_env::{RocksLayout, StagedDb, with_context};
 //!
 //! // A stage with the paper's RocksDB layout; limit deep compactions.
 //! let stage = Arc::new(Stage::new("app"));
 //! let handles = RocksLayout::new().install(&stage)?;
-//! handles.compaction_ln.configure(&ObjectConfig::rate("20MiB/s".parse()?))?;
+//! handles.compaction_ln.configure(&ObjectChange::rate("20MiB/s".parse()?))?;
 //!
 //! let mut opts = rocksdb::Options::default();
 //! opts.create_if_missing(true);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kv_stage::{ObjectConfig, Stage, units::Rate};
+use kv_stage::{ObjectChange, Stage, units::Rate};
 use rocks_env::{RocksLayout, StagedDb};
 
 #[test]
@@ -20,7 +20,7 @@ fn ln_compaction_rate_follows_its_drl_and_clients_keep_their_pace() {
     let dir = tempfile::tempdir().unwrap();
     let stage = Arc::new(Stage::new("control"));
     let handles = RocksLayout::new().install(&stage).unwrap();
-    handles.compaction_ln.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(LN_RATE).unwrap())).unwrap();
+    handles.compaction_ln.configure(&ObjectChange::rate(Rate::from_bytes_per_sec(LN_RATE).unwrap())).unwrap();
 
     let mut opts = small_lsm_options();
     opts.set_max_background_jobs(4);
@@ -74,5 +74,5 @@ fn ln_compaction_rate_follows_its_drl_and_clients_keep_their_pace() {
     assert!(client_time < Duration::from_secs(secs) + Duration::from_secs(2), "clients fell behind: {client_time:?}");
 
     // Let the backlog go, then close.
-    handles.compaction_ln.configure(&ObjectConfig::rate(Rate::UNLIMITED)).unwrap();
+    handles.compaction_ln.configure(&ObjectChange::rate(Rate::UNLIMITED)).unwrap();
 }

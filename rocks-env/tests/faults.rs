@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::*;
 use kv_stage::{
-    Context, FieldError, Match, ObjectConfig, RequestContext, RequestType, Rule, Stage,
+    Context, FieldError, Match, ObjectChange, RequestContext, RequestType, Rule, Stage,
     errors::Rejection,
     object::{EnforcementObject, Outcome},
 };
@@ -21,10 +21,10 @@ impl EnforcementObject for FailWrites {
     fn kind(&self) -> &'static str {
         "fail-writes"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, _: &ObjectChange) -> Result<(), FieldError> {
         Ok(())
     }
-    fn configure(&self, _: &ObjectConfig) {}
+    fn configure(&self, _: &ObjectChange) {}
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
         if self.0.load(Ordering::Relaxed) && ctx.request_type == RequestType::Write {
             Err(Rejection::Failed("injected write failure".into()))

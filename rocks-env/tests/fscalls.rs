@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kv_stage::{
-    Context, FieldError, Match, ObjectConfig, RequestType, Rule, Stage,
+    Context, FieldError, Match, ObjectChange, RequestType, Rule, Stage,
     errors::Rejection,
     object::{EnforcementObject, Outcome},
 };
@@ -26,10 +26,10 @@ impl EnforcementObject for Metadata {
     fn kind(&self) -> &'static str {
         "metadata-probe"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, _: &ObjectChange) -> Result<(), FieldError> {
         Ok(())
     }
-    fn configure(&self, _: &ObjectConfig) {}
+    fn configure(&self, _: &ObjectChange) {}
     fn enforce(&self, _: &Context) -> Result<Outcome, Rejection> {
         self.seen.fetch_add(1, Ordering::Relaxed);
         if self.refuse.load(Ordering::Relaxed) {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kv_stage::{Match, ObjectConfig, ObjectSpec, Reason, RequestContext as C, RequestType, Rule, Stage, units::Rate};
+use kv_stage::{Match, ObjectChange, ObjectSpec, Reason, RequestContext as C, RequestType, Rule, Stage, units::Rate};
 use rocks_env::{CompactionLevelStats, StagedDb};
 
 /// A small LSM with static level sizes (L1 1 MiB, L2 4 MiB, L3 16 MiB) and
@@ -213,7 +213,7 @@ fn a_drl_on_l2_l3_throttles_only_those_compactions() {
     assert!(l12_rate > 3.0 * RATE, "L1->L2 ran at {l12_rate:.0} B/s");
 
     // Let the backlog go before the DB closes.
-    stage.object("compaction", "l2_l3").unwrap().configure(&ObjectConfig::rate(Rate::UNLIMITED)).unwrap();
+    stage.object("compaction", "l2_l3").unwrap().configure(&ObjectChange::rate(Rate::UNLIMITED)).unwrap();
 }
 
 /// A stage whose compaction channel separates requests by reason.

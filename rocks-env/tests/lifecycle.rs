@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kv_stage::{
-    Context, FieldError, InstanceId, Match, ObjectConfig, ObjectSpec, RequestContext as C, RequestType, Rule, Stage,
+    Context, FieldError, InstanceId, Match, ObjectChange, ObjectSpec, RequestContext as C, RequestType, Rule, Stage,
     errors::Rejection,
     info::ObjectHandle,
     object::{EnforcementObject, Outcome},
@@ -47,12 +47,12 @@ fn wide_pools() {
     env.set_background_threads(4);
 }
 
-fn closed() -> ObjectConfig {
-    ObjectConfig::rate(Rate::from_bytes_per_sec(0.0).unwrap())
+fn closed() -> ObjectChange {
+    ObjectChange::rate(Rate::from_bytes_per_sec(0.0).unwrap())
 }
 
-fn unlimited() -> ObjectConfig {
-    ObjectConfig::rate(Rate::UNLIMITED)
+fn unlimited() -> ObjectChange {
+    ObjectChange::rate(Rate::UNLIMITED)
 }
 
 /// Writes `n` keys of 1 KiB and asks for a flush without waiting for it.
@@ -134,10 +134,10 @@ impl EnforcementObject for RefuseWrites {
     fn kind(&self) -> &'static str {
         "refuse-writes"
     }
-    fn validate(&self, _: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, _: &ObjectChange) -> Result<(), FieldError> {
         Ok(())
     }
-    fn configure(&self, _: &ObjectConfig) {}
+    fn configure(&self, _: &ObjectChange) {}
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection> {
         if self.armed.load(Ordering::Relaxed) && ctx.context == self.context && ctx.request_type == RequestType::Write {
             return Err(Rejection::Failed("refused by the test".into()));
@@ -226,7 +226,7 @@ fn a_db_closed_mid_compaction_leaves_no_running_job_on_a_shared_stage() {
     let l1 = RocksLayout::for_instance(InstanceId(1), "db1.").install(&stage).unwrap();
     RocksLayout::for_instance(InstanceId(2), "db2.").install(&stage).unwrap();
     // Slow enough that the compaction is mid-way when the DB closes.
-    l1.compaction_l0.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(256.0 * 1024.0).unwrap())).unwrap();
+    l1.compaction_l0.configure(&ObjectChange::rate(Rate::from_bytes_per_sec(256.0 * 1024.0).unwrap())).unwrap();
     let open = |d: &tempfile::TempDir, i| {
         StagedDb::builder(small_lsm_options()).stage(Arc::clone(&stage)).instance(InstanceId(i)).open(d.path()).unwrap()
     };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use controller::{ControllerConfig, SilkConfig};
 use kv_async::{ProtectedDb, Protection};
-use kv_stage::ObjectConfig;
+use kv_stage::ObjectChange;
 
 fn options() -> rocksdb::Options {
     let mut opts = rocksdb::Options::default();
@@ -66,7 +66,7 @@ fn the_service_recipe_end_to_end() {
         }
         assert_eq!(gold.get(b"gold-007".to_vec()).await.unwrap().as_deref(), Some(&b"g"[..]));
         // A live change: gold at rate 0, and a put of gold's that waits.
-        db.stage().configure("recipe_gold", "limit", ObjectConfig::rate("0ops/s".parse().unwrap())).unwrap();
+        db.stage().configure("recipe_gold", "limit", ObjectChange::rate("0ops/s".parse().unwrap())).unwrap();
         let waiter = {
             let gold = gold.clone();
             tokio::spawn(async move { gold.put(b"gold-frozen".to_vec(), b"never".to_vec()).await })

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, Outcome, Settings};
+use super::{EnforcementObject, FieldError, ObjectChange, ObjectSpec, Outcome, Settings};
 use crate::context::Context;
 use crate::error::Rejection;
 use crate::units::Amount;
@@ -140,7 +140,7 @@ impl Settings for BatchSettings {
 
 impl BatchSettings {
     /// Reads and checks a batch object's settings from a change.
-    pub fn from_config(c: &ObjectConfig) -> Result<Self, FieldError> {
+    pub fn from_config(c: &ObjectChange) -> Result<Self, FieldError> {
         let s: BatchSettings = c.parse("batch")?;
         check(s.requests, s.bytes, s.timeout)?;
         Ok(s)
@@ -179,12 +179,12 @@ impl BatchPlan {
 /// tells the layer how to group.
 ///
 /// ```
-/// use kv_stage::{Context, ObjectConfig, RequestType, object::{Batch, BatchSpec, EnforcementObject}};
+/// use kv_stage::{Context, ObjectChange, RequestType, object::{Batch, BatchSpec, EnforcementObject}};
 ///
 /// let b = Batch::new(BatchSpec::default()).unwrap();
 /// let plan = b.enforce(&Context::new(RequestType::Put, 100)).unwrap().batch.unwrap();
 /// assert_eq!((plan.requests, plan.bytes, plan.timeout().as_micros()), (16, 65536, 50));
-/// b.configure(&ObjectConfig::new().with("requests", 64));
+/// b.configure(&ObjectChange::new().with("requests", 64));
 /// assert_eq!(b.enforce(&Context::new(RequestType::Put, 100)).unwrap().batch.unwrap().requests, 64);
 /// ```
 pub struct Batch {
@@ -239,11 +239,11 @@ impl EnforcementObject for Batch {
         "batch"
     }
 
-    fn validate(&self, c: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, c: &ObjectChange) -> Result<(), FieldError> {
         BatchSettings::from_config(c).map(drop)
     }
 
-    fn configure(&self, c: &ObjectConfig) {
+    fn configure(&self, c: &ObjectChange) {
         // Validated before; a change that does not read is ignored rather
         // than half-applied.
         let Ok(c) = BatchSettings::from_config(c) else { return };
@@ -281,10 +281,10 @@ mod tests {
             ("bytes", serde_json::json!(0)),
             ("timeout", serde_json::json!("2s")),
         ] {
-            let e = b.validate(&ObjectConfig::new().with(field, value)).unwrap_err();
+            let e = b.validate(&ObjectChange::new().with(field, value)).unwrap_err();
             assert_eq!(e.field, field);
         }
-        let e = b.validate(&ObjectConfig::new().with("rate", "1MiB/s")).unwrap_err();
+        let e = b.validate(&ObjectChange::new().with("rate", "1MiB/s")).unwrap_err();
         assert!(e.unsupported && e.field == "rate");
         // Nothing was applied by the refused changes.
         assert_eq!(b.plan().requests, 16);
@@ -294,7 +294,7 @@ mod tests {
     fn a_change_keeps_the_fields_it_does_not_name_and_the_id() {
         let b = Batch::new(BatchSpec::default()).unwrap();
         let id = b.plan().object;
-        b.configure(&ObjectConfig::from_settings(&BatchSettings {
+        b.configure(&ObjectChange::from_settings(&BatchSettings {
             timeout: Some(Duration::from_micros(10)),
             ..Default::default()
         }));

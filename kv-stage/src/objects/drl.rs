@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
-use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
+use super::{EnforcementObject, FieldError, ObjectChange, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::units::{Amount, Rate};
@@ -100,7 +100,7 @@ impl Settings for DrlSettings {
 
 impl DrlSettings {
     /// Reads and checks a DRL's settings from a change.
-    pub fn from_config(c: &ObjectConfig) -> Result<Self, FieldError> {
+    pub fn from_config(c: &ObjectChange) -> Result<Self, FieldError> {
         let s: DrlSettings = c.parse("DRL")?;
         if s.burst.is_some() && s.refill_period.is_some() {
             return Err(FieldError::new("burst", "give either `burst` or `refill_period`, not both"));
@@ -154,11 +154,11 @@ impl EnforcementObject for Drl {
         "drl"
     }
 
-    fn validate(&self, c: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, c: &ObjectChange) -> Result<(), FieldError> {
         DrlSettings::from_config(c).map(drop)
     }
 
-    fn configure(&self, c: &ObjectConfig) {
+    fn configure(&self, c: &ObjectChange) {
         // Validated before (a batch applies all or nothing); a change that
         // does not read is ignored rather than half-applied.
         let Ok(c) = DrlSettings::from_config(c) else { return };
@@ -246,19 +246,19 @@ mod tests {
     fn configure_merges_and_derives_burst() {
         let d = Drl::new(DrlSpec::new(Rate::from_bytes_per_sec(1000.0).unwrap())).unwrap();
         assert!((d.burst() - 10.0).abs() < 1e-9); // 1000 B/s x 10 ms
-        d.configure(&ObjectConfig::rate(Rate::from_bytes_per_sec(1e6).unwrap()));
+        d.configure(&ObjectChange::rate(Rate::from_bytes_per_sec(1e6).unwrap()));
         assert!((d.burst() - 10_000.0).abs() < 1e-6);
         let c = DrlSettings { refill_period: Some(Duration::from_secs(1)), ..Default::default() };
         d.configure(&c.into());
         assert!((d.burst() - 1e6).abs() < 1e-6);
-        let bad = ObjectConfig::new().with("rbps", Rate::UNLIMITED);
+        let bad = ObjectChange::new().with("rbps", Rate::UNLIMITED);
         let e = d.validate(&bad).unwrap_err();
         assert_eq!((e.field.as_str(), e.unsupported), ("rbps", true));
-        let bad = ObjectConfig::new().with("rate", "fast");
+        let bad = ObjectChange::new().with("rate", "fast");
         let e = d.validate(&bad).unwrap_err();
         assert_eq!((e.field.as_str(), e.unsupported), ("rate", false));
         // The text form round-trips through a change.
-        let c: ObjectConfig = toml::from_str("rate = \"32MiB/s\"\nrefill_period = \"5ms\"").unwrap();
+        let c: ObjectChange = toml::from_str("rate = \"32MiB/s\"\nrefill_period = \"5ms\"").unwrap();
         let s = DrlSettings::from_config(&c).unwrap();
         assert_eq!(s.rate.unwrap().per_sec(), 32.0 * 1048576.0);
         assert_eq!(s.refill_period, Some(Duration::from_millis(5)));

@@ -115,14 +115,14 @@ impl From<BucketStats> for ObjectStats {
 /// named settings, such as `{ rate = "32MiB/s" }`. Each object kind reads
 /// its own: a DRL its [`DrlSettings`], a QoS object its [`QosSpec`] fields, an
 /// application object whatever [`Settings`] it defines (with
-/// [`ObjectConfig::parse`]). A setting the object does not have is refused
+/// [`ObjectChange::parse`]). A setting the object does not have is refused
 /// by name.
 ///
-/// A change made from typed settings ([`ObjectConfig::from_settings`],
-/// [`ObjectConfig::rate`]) keeps them typed, so a control loop's changes
+/// A change made from typed settings ([`ObjectChange::from_settings`],
+/// [`ObjectChange::rate`]) keeps them typed, so a control loop's changes
 /// reach the object without being written out and read back.
 #[derive(Debug, Clone, Default)]
-pub struct ObjectConfig(Repr);
+pub struct ObjectChange(Repr);
 
 #[derive(Debug, Clone)]
 enum Repr {
@@ -156,17 +156,17 @@ impl<S: Settings> TypedSettings for S {
     }
 }
 
-/// An object kind's typed settings, read from an [`ObjectConfig`]: every
+/// An object kind's typed settings, read from an [`ObjectChange`]: every
 /// field optional (`#[serde(default)]`), named in [`FIELDS`](Self::FIELDS).
 pub trait Settings: Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The settings' names, for error messages and the unsupported check.
     const FIELDS: &'static [&'static str];
 }
 
-impl ObjectConfig {
+impl ObjectChange {
     /// No change yet.
     pub fn new() -> Self {
-        ObjectConfig::default()
+        ObjectChange::default()
     }
 
     /// A change of rate only (DRL).
@@ -176,7 +176,7 @@ impl ObjectConfig {
 
     /// The change typed settings describe (the fields they set).
     pub fn from_settings<S: Settings>(settings: &S) -> Self {
-        ObjectConfig(Repr::Typed(Arc::new(settings.clone())))
+        ObjectChange(Repr::Typed(Arc::new(settings.clone())))
     }
 
     fn fields(&self) -> std::borrow::Cow<'_, serde_json::Map<String, serde_json::Value>> {
@@ -192,7 +192,7 @@ impl ObjectConfig {
         if let Ok(v) = serde_json::to_value(value) {
             map.insert(field.to_owned(), v);
         }
-        ObjectConfig(Repr::Fields(map))
+        ObjectChange(Repr::Fields(map))
     }
 
     /// Names of the settings the change sets.
@@ -233,28 +233,28 @@ impl ObjectConfig {
     }
 }
 
-impl PartialEq for ObjectConfig {
+impl PartialEq for ObjectChange {
     /// The same settings, however they were made.
     fn eq(&self, other: &Self) -> bool {
         self.fields() == other.fields()
     }
 }
 
-impl Serialize for ObjectConfig {
+impl Serialize for ObjectChange {
     fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
         self.fields().serialize(s)
     }
 }
 
-impl<'de> Deserialize<'de> for ObjectConfig {
+impl<'de> Deserialize<'de> for ObjectChange {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(ObjectConfig(Repr::Fields(serde_json::Map::deserialize(d)?)))
+        Ok(ObjectChange(Repr::Fields(serde_json::Map::deserialize(d)?)))
     }
 }
 
-impl<S: Settings> From<S> for ObjectConfig {
+impl<S: Settings> From<S> for ObjectChange {
     fn from(settings: S) -> Self {
-        ObjectConfig::from_settings(&settings)
+        ObjectChange::from_settings(&settings)
     }
 }
 
@@ -375,11 +375,11 @@ pub trait EnforcementObject: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Checks a configuration change without applying it.
-    fn validate(&self, config: &ObjectConfig) -> Result<(), FieldError>;
+    fn validate(&self, config: &ObjectChange) -> Result<(), FieldError>;
 
     /// Applies a configuration change that [`validate`](Self::validate)
     /// accepted. Must not fail.
-    fn configure(&self, config: &ObjectConfig);
+    fn configure(&self, config: &ObjectChange);
 
     /// Enforces one request, blocking until it is admitted.
     fn enforce(&self, ctx: &Context) -> Result<Outcome, Rejection>;
@@ -462,13 +462,13 @@ impl EnforcementObject for Noop {
     fn kind(&self) -> &'static str {
         "noop"
     }
-    fn validate(&self, config: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, config: &ObjectChange) -> Result<(), FieldError> {
         match config.set_fields().first() {
             Some(f) => Err(FieldError::unsupported(f.clone(), "a noop object has no settings")),
             None => Ok(()),
         }
     }
-    fn configure(&self, _config: &ObjectConfig) {}
+    fn configure(&self, _config: &ObjectChange) {}
     #[inline]
     fn enforce(&self, _ctx: &Context) -> Result<Outcome, Rejection> {
         Ok(Outcome::IMMEDIATE)
@@ -519,10 +519,10 @@ impl EnforcementObject for Object {
     fn kind(&self) -> &'static str {
         dispatch!(self, o => o.kind())
     }
-    fn validate(&self, config: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, config: &ObjectChange) -> Result<(), FieldError> {
         dispatch!(self, o => o.validate(config))
     }
-    fn configure(&self, config: &ObjectConfig) {
+    fn configure(&self, config: &ObjectChange) {
         dispatch!(self, o => o.configure(config))
     }
     #[inline]

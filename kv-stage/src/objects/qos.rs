@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bucket::Bucket;
 use super::drl::check_period;
-use super::{EnforcementObject, FieldError, ObjectConfig, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
+use super::{EnforcementObject, FieldError, ObjectChange, ObjectSpec, ObjectStats, Outcome, Settings, burst_for};
 use crate::context::{Context, InstanceId};
 use crate::error::Rejection;
 use crate::iomax::{DeviceNumber, IoMax, IoMaxLine, Limit};
@@ -237,13 +237,13 @@ impl EnforcementObject for Qos {
         "qos"
     }
 
-    fn validate(&self, c: &ObjectConfig) -> Result<(), FieldError> {
+    fn validate(&self, c: &ObjectChange) -> Result<(), FieldError> {
         let c: QosSpec = c.parse("QoS")?;
         let current = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
         current.merged(&c).validate()
     }
 
-    fn configure(&self, c: &ObjectConfig) {
+    fn configure(&self, c: &ObjectChange) {
         // Validated before; a change that does not read is ignored rather
         // than half-applied.
         let Ok(c) = c.parse::<QosSpec>("QoS") else { return };

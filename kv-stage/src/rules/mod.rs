@@ -22,7 +22,7 @@ mod files;
 pub mod paio;
 pub mod volumes;
 use crate::matching::Match;
-use crate::objects::{ObjectConfig, ObjectSpec};
+use crate::objects::{ObjectChange, ObjectSpec};
 
 /// Version of the rules file format and of serialized rule batches.
 pub const RULES_VERSION: u32 = 1;
@@ -124,7 +124,7 @@ pub enum Rule {
         /// Object id.
         object: String,
         /// The settings to change.
-        set: ObjectConfig,
+        set: ObjectChange,
         /// When the object has none of these settings (a DRL rate sent to a
         /// noop), skip the rule with a warning instead of failing the batch.
         /// Paio behaves this way; the Paio importer sets it. Bad values for
@@ -182,7 +182,7 @@ impl Rule {
     }
 
     /// Shorthand for a `configure` rule.
-    pub fn configure(channel: &str, object: &str, set: ObjectConfig) -> Self {
+    pub fn configure(channel: &str, object: &str, set: ObjectChange) -> Self {
         Rule::Configure { channel: channel.to_owned(), object: object.to_owned(), set, ignore_unsupported: false }
     }
 }
@@ -431,7 +431,7 @@ set = { rate = "32MiB/s" }
 
     #[test]
     fn rules_round_trip_through_serde() {
-        let r = Rule::configure("c", "o", ObjectConfig::rate("10MiB/s".parse().unwrap()));
+        let r = Rule::configure("c", "o", ObjectChange::rate("10MiB/s".parse().unwrap()));
         let j = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Rule>(&j).unwrap(), r);
     }

@@ -53,7 +53,7 @@ use super::{Rule, RuleEntry, RuleSet};
 use crate::context::{RequestContext as C, RequestType as T, WorkflowId};
 use crate::error::{Error, Location, Result};
 use crate::matching::{FieldMatch, Match};
-use crate::objects::{DrlSettings, DrlSpec, ObjectConfig, ObjectSpec};
+use crate::objects::{DrlSettings, DrlSpec, ObjectChange, ObjectSpec};
 use crate::units::Rate;
 
 /// Paio's token-bucket default period (its `m_refill_period`, 1 s).
@@ -550,7 +550,7 @@ pub fn parse(text: &str, source: Option<Arc<str>>, opts: &PaioOptions) -> Result
                     "rate" => {
                         line.expect_len(6, "<id> <channel> <object> drl rate <rate>")?;
                         let rate = line.number(5, "rate")?;
-                        ObjectConfig::rate(Rate::from_bytes_per_sec(rate).expect("checked"))
+                        ObjectChange::rate(Rate::from_bytes_per_sec(rate).expect("checked"))
                     }
                     "refill" => {
                         line.expect_len(6, "<id> <channel> <object> drl refill <refill_period_us>")?;
@@ -636,7 +636,7 @@ mod tests {
             Rule::Configure {
                 channel: "3000".into(),
                 object: "1".into(),
-                set: ObjectConfig::rate(Rate::from_bytes_per_sec(150000.0).unwrap()),
+                set: ObjectChange::rate(Rate::from_bytes_per_sec(150000.0).unwrap()),
                 ignore_unsupported: true,
             }
         );

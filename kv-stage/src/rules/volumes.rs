@@ -41,7 +41,7 @@ use crate::context::{InstanceId, RequestContext};
 use crate::error::{Error, Location, Result};
 use crate::iomax::{DeviceNumber, IoMax, IoMaxLine, Target};
 use crate::matching::Match;
-use crate::objects::{ObjectConfig, ObjectSpec, QosSpec};
+use crate::objects::{ObjectChange, ObjectSpec, QosSpec};
 
 /// The id of the QoS object each volume's channel has.
 pub const VOLUME_OBJECT: &str = "limits";
@@ -131,7 +131,7 @@ impl Volume {
     /// assert_eq!(q.io_max().to_string(), "rbps=max wbps=8388608 riops=200 wiops=max");
     /// ```
     pub fn limit_rule(line: &IoMaxLine) -> Rule {
-        Rule::configure(&line.target.to_string(), VOLUME_OBJECT, ObjectConfig::from_settings(&QosSpec::from_line(line)))
+        Rule::configure(&line.target.to_string(), VOLUME_OBJECT, ObjectChange::from_settings(&QosSpec::from_line(line)))
     }
 
     /// Whether a file at `path` (absolute, as the kernel reports it)

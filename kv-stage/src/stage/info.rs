@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::context::{Context, InstanceId, Reason, RequestContext, RequestType, WorkflowId};
 use crate::error::{Error, Result};
 use crate::matching::Match;
-use crate::objects::{EnforcementObject, Object, ObjectConfig, ObjectKind, ObjectSpec, ObjectStats};
+use crate::objects::{EnforcementObject, Object, ObjectChange, ObjectKind, ObjectSpec, ObjectStats};
 
 use super::model::Model;
 use super::snapshot::{Layout, NO_OBJECT};
@@ -93,7 +93,7 @@ impl ObjectHandle {
     }
 
     /// Checks a configuration change without applying it.
-    pub fn check(&self, set: &ObjectConfig) -> Result<()> {
+    pub fn check(&self, set: &ObjectChange) -> Result<()> {
         self.object
             .validate(set)
             .map_err(|e| Error::invalid(format!("{}: field `{}`: {}", self.label, e.field, e.message)))
@@ -101,7 +101,7 @@ impl ObjectHandle {
 
     /// Validates and applies a configuration change: straight to the live
     /// object, without a rules batch (no copy of the stage's model).
-    pub fn configure(&self, set: &ObjectConfig) -> Result<()> {
+    pub fn configure(&self, set: &ObjectChange) -> Result<()> {
         self.check(set)?;
         self.object.configure(set);
         Ok(())

@@ -30,7 +30,7 @@ use crate::clock::now_ns;
 use crate::context::{Context, InstanceId, RequestContext, WorkflowId};
 use crate::error::{EnforceError, Error, Location, Result};
 use crate::matching::Match;
-use crate::objects::{AsyncWait, EnforcementObject, Object, ObjectConfig, ObjectKind, Outcome};
+use crate::objects::{AsyncWait, EnforcementObject, Object, ObjectChange, ObjectKind, Outcome};
 use crate::rules::{Rule, RuleSet};
 use crate::stats::Counters;
 
@@ -556,7 +556,7 @@ impl Stage {
     }
 
     /// Changes one object's configuration (an enforcement rule).
-    pub fn configure(&self, channel: &str, object: &str, set: ObjectConfig) -> Result<ApplyReport> {
+    pub fn configure(&self, channel: &str, object: &str, set: ObjectChange) -> Result<ApplyReport> {
         self.apply_rules([Rule::configure(channel, object, set)])
     }
 

@@ -9,7 +9,7 @@ use crate::context::InstanceId;
 use crate::error::FieldError;
 use crate::error::{Error, Location, Result};
 use crate::matching::Match;
-use crate::objects::{EnforcementObject, Object, ObjectConfig, ObjectSpec};
+use crate::objects::{EnforcementObject, Object, ObjectChange, ObjectSpec};
 use crate::rules::{Rule, RuleEntry};
 use crate::stats::{Counters, MAX_COUNTER_SLOTS};
 
@@ -109,7 +109,7 @@ impl Model {
 pub(super) struct Txn<'a> {
     pub(super) model: Model,
     pub(super) counters: &'a Counters,
-    pub(super) configs: Vec<(Arc<Object>, ObjectConfig)>,
+    pub(super) configs: Vec<(Arc<Object>, ObjectChange)>,
     pub(super) retired: Vec<Arc<Object>>,
     /// Objects created in this batch (closed instances apply to them).
     pub(super) created: Vec<Arc<Object>>,
@@ -328,7 +328,7 @@ impl Txn<'_> {
         &mut self,
         channel: &str,
         object: &str,
-        set: &ObjectConfig,
+        set: &ObjectChange,
         ignore_unsupported: bool,
         loc: &Location,
     ) -> Result<()> {
