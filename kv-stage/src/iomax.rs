@@ -27,9 +27,6 @@ use std::str::FromStr;
 use crate::error::FieldError;
 use crate::units::{Rate, RateUnit, UnitError, parse_bytes};
 
-/// The four `io.max` keys, in the kernel's order.
-pub const KEYS: [&str; 4] = ["rbps", "wbps", "riops", "wiops"];
-
 /// One `io.max` key's limit: `max`, or a positive whole number per second
 /// (bytes for `rbps` and `wbps`, operations for `riops` and `wiops`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -331,7 +328,7 @@ impl FromStr for IoMaxLine {
 impl fmt::Display for IoMaxLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.target)?;
-        if !self.limits.given().to_string().is_empty() {
+        if self.limits != IoMax::UNLIMITED {
             write!(f, " {}", self.limits.given())?;
         }
         Ok(())

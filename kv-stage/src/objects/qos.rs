@@ -114,8 +114,8 @@ struct QosSpecShown {
 
 impl From<QosSpec> for QosSpecShown {
     fn from(s: QosSpec) -> Self {
-        let line = s.limits.given().to_string();
-        QosSpecShown { limits: (!line.is_empty()).then_some(line), refill_period: s.refill_period }
+        let limits = (s.limits != IoMax::UNLIMITED).then(|| s.limits.given().to_string());
+        QosSpecShown { limits, refill_period: s.refill_period }
     }
 }
 
@@ -176,9 +176,8 @@ impl Settings for QosSpec {
 /// The rates of the four buckets, in the kernel's order (no limit where a
 /// key has none).
 fn rates(l: &IoMax) -> [Rate; 4] {
-    let units = [RateUnit::Bytes, RateUnit::Bytes, RateUnit::Ops, RateUnit::Ops];
-    let r = l.rates();
-    std::array::from_fn(|i| r[i].1.unwrap_or(Rate::unlimited(units[i])))
+    // Every key given (`max` where there is no limit): each has its rate.
+    l.every_key().rates().map(|(_, r)| r.unwrap_or(Rate::UNLIMITED))
 }
 
 fn bucket_for(r: Rate, period: Option<Duration>) -> Bucket {
