@@ -15,6 +15,8 @@ command -v fio >/dev/null || need+=(fio)
 if [ -z "${PROTOC:-}" ] && ! command -v protoc >/dev/null; then
     need+=(protobuf-compiler)
 fi
+# The monitoring test runs a real Prometheus and lints with promtool.
+command -v promtool >/dev/null && command -v prometheus >/dev/null || need+=(prometheus)
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::config::{ControllerConfig, PolicyKind};
 use crate::error::{Error, Result};
 use crate::handle::{IntoStageHandle, ObjectControl, StageHandle};
+use crate::metrics::{ControllerMetrics, CycleStats};
 use crate::policy::InstanceConfig;
 use crate::policy::{
     Adaptive, Decision, FairShare, FairShareMode, InstanceKey, InstanceView, ObjectRef, Observation, Policy,
@@ -120,6 +121,8 @@ struct Shared {
     changes: Mutex<Vec<Change>>,
     cycles: AtomicU64,
     policy_errors: AtomicU64,
+    /// What the metrics read, updated once per cycle.
+    stats: Arc<Mutex<CycleStats>>,
 }
 
 /// The policy a configuration names.
@@ -272,6 +275,11 @@ impl ControllerBuilder {
             changes: Mutex::new(Vec::new()),
             cycles: AtomicU64::new(0),
             policy_errors: AtomicU64::new(0),
+            stats: Arc::new(Mutex::new(CycleStats {
+                policy: policy.name(),
+                instances: self.instances.len(),
+                ..CycleStats::default()
+            })),
         });
         let state = LoopState {
             interval: self.config.effective_interval(),
@@ -358,6 +366,7 @@ impl LoopState {
                 Change::Leave(name) => {
                     self.instances.retain(|i| i.name != name);
                     self.policy.instance_left(&name);
+                    self.stats().forget_instance(&name);
                 }
             }
         }
@@ -374,9 +383,19 @@ impl LoopState {
         let interval = self.last_cycle.map_or(Duration::ZERO, |t| now - t);
         self.last_cycle = Some(now);
         let cycle = self.shared.cycles.load(Ordering::Relaxed);
+        let span = tracing::debug_span!("control_cycle", cycle, policy = self.policy.name());
+        let _entered = span.enter();
 
         let (obs, inputs) = self.observe(cycle, now, interval);
         let outcome = self.decide(&obs);
+        let branches: Vec<(String, &'static str)> = match &outcome {
+            Ok(d) => d
+                .branches
+                .iter()
+                .filter_map(|(k, b)| obs.instances.iter().find(|v| v.key == *k).map(|v| (v.name.clone(), *b)))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut record = DecisionRecord {
             cycle,
             t_ms: obs.elapsed.as_secs_f64() * 1e3,
@@ -394,11 +413,26 @@ impl LoopState {
             Err(e) => {
                 // Keep the rates applied last: nothing is changed.
                 self.shared.policy_errors.fetch_add(1, Ordering::Relaxed);
-                record.error = Some(Error::Policy { policy: self.policy.name(), error: e }.to_string());
+                let error = Error::Policy { policy: self.policy.name(), error: e }.to_string();
+                tracing::warn!(%error, "policy failed; the previous rates stay");
+                record.error = Some(error);
             }
             Ok(decision) => self.apply(decision, &mut record),
         }
-        self.record(record, now);
+        for (instance, branch) in &branches {
+            let rates: Vec<(&str, &str, f64)> = record
+                .settings
+                .iter()
+                .filter(|s| s.instance == *instance)
+                .map(|s| (s.channel.as_str(), s.object.as_str(), s.rate_bps))
+                .collect();
+            tracing::debug!(instance = instance.as_str(), branch, ?rates, "decided");
+        }
+        self.record(record, now, &branches);
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, CycleStats> {
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Observe: every handle starts its read, then each instance is
@@ -515,8 +549,44 @@ impl LoopState {
 
     /// Record: the cycle's duration, the counters, the log file (flushed
     /// every `LOG_FLUSH_EVERY`) and the in-memory log.
-    fn record(&mut self, mut record: DecisionRecord, now: Instant) {
-        record.cycle_ms = now.elapsed().as_secs_f64() * 1e3;
+    fn record(&mut self, mut record: DecisionRecord, now: Instant, branches: &[(String, &'static str)]) {
+        let took = now.elapsed().as_secs_f64();
+        record.cycle_ms = took * 1e3;
+        {
+            let mut st = self.stats();
+            st.record_cycle(took);
+            st.policy_errors = self.shared.policy_errors.load(Ordering::Relaxed);
+            st.instances = self.instances.len();
+            for (instance, branch) in branches {
+                st.record_branch(instance, branch);
+            }
+            for i in record.inputs.iter().filter(|i| i.error.is_some()) {
+                st.record_unreachable(&i.instance);
+            }
+            for s in &record.settings {
+                if s.error.is_none() {
+                    st.settings_applied += 1;
+                    st.record_rate(&s.instance, &s.channel, &s.object, s.rate_bps);
+                } else {
+                    st.settings_failed += 1;
+                }
+            }
+        }
+        for i in &record.inputs {
+            if let Some(error) = &i.error {
+                tracing::warn!(instance = i.instance.as_str(), %error, "instance unreachable; left out of the cycle");
+            }
+        }
+        for s in record.settings.iter().filter(|s| s.error.is_some()) {
+            tracing::warn!(
+                instance = s.instance.as_str(),
+                channel = s.channel.as_str(),
+                object = s.object.as_str(),
+                rate_bps = s.rate_bps,
+                error = s.error.as_deref().unwrap_or(""),
+                "rate not applied"
+            );
+        }
         self.shared.cycles.fetch_add(1, Ordering::Relaxed);
         if let Some(f) = &mut self.log_file
             && let Ok(line) = serde_json::to_string(&record)
@@ -675,6 +745,13 @@ impl Controller {
     /// Cycles in which the policy failed (its previous rates were kept).
     pub fn policy_errors(&self) -> u64 {
         self.shared.policy_errors.load(Ordering::Relaxed)
+    }
+
+    /// The loop's Prometheus metrics, to register in a registry (see
+    /// [`metrics`](crate::metrics)); they stay readable after the loop
+    /// stopped.
+    pub fn metrics(&self) -> ControllerMetrics {
+        ControllerMetrics { stats: Arc::clone(&self.shared.stats) }
     }
 
     /// The decision log so far.

@@ -64,6 +64,7 @@ mod config;
 mod controller;
 mod error;
 mod handle;
+pub mod metrics;
 mod policy;
 mod signals;
 

@@ -69,6 +69,11 @@ struct Args {
     /// disk that is busy with something else.
     #[arg(long, default_value = "4MiB")]
     write_buffer: String,
+    /// Serve Prometheus metrics (the stage's, the agent's and the
+    /// RocksDB's) at http://ADDR/metrics; port 0 picks one, printed on
+    /// stderr.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// A small xorshift generator (the load needs no more).
@@ -83,6 +88,16 @@ impl Rng {
 }
 
 fn main() {
+    // Logs (the agent's lease fallbacks, refused connections) on stderr,
+    // filtered by RUST_LOG.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     if let Err(e) = run() {
         eprintln!("tenant: {e}");
         std::process::exit(1);
@@ -133,7 +148,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(t) = &args.token {
         builder = builder.token(t.clone());
     }
+    if let Some(addr) = args.metrics {
+        let db_metrics = rocks_env::metrics::DbMetrics::new();
+        db_metrics.add(&db);
+        builder = builder.metrics(addr).collector(Box::new(db_metrics));
+    }
     let agent = builder.serve(&endpoint)?;
+    if let Some(addr) = agent.metrics_addr() {
+        eprintln!("tenant {}: metrics at http://{addr}/metrics", args.name);
+    }
     eprintln!("tenant {}: pid {}, agent on {}, load for {duration:?}", args.name, std::process::id(), agent.endpoint());
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -13,7 +13,7 @@ use kv_stage::{
         ChannelCounters, ChannelInfo, ContextCounters, Counter, Coverage, InstanceInfo, JobCounters, JobCounts,
         ObjectCounters, ObjectInfo, RouteInfo, StageInfo, WorkflowCounters,
     },
-    object::{ObjectKind, ObjectStats},
+    object::{ObjectKind, ObjectStats, WaitHistogram},
 };
 
 use crate::pb;
@@ -77,6 +77,7 @@ pub(crate) fn collection(c: &Collection) -> pb::Collection {
                 waits: o.stats.waits,
                 wait_ns: o.stats.wait_ns,
                 waiting: o.stats.waiting,
+                wait_buckets: o.stats.wait_histogram.0.to_vec(),
             })
             .collect(),
         contexts: c
@@ -160,7 +161,12 @@ pub(crate) fn from_collection(c: pb::Collection) -> Decoded<Collection> {
                 object: o.object,
                 incarnation: o.incarnation,
                 counter: from_counter(o.counter),
-                stats: ObjectStats { waits: o.waits, wait_ns: o.wait_ns, waiting: o.waiting },
+                stats: ObjectStats {
+                    waits: o.waits,
+                    wait_ns: o.wait_ns,
+                    waiting: o.waiting,
+                    wait_histogram: wait_histogram(&o.wait_buckets),
+                },
             })
             .collect(),
         contexts,
@@ -295,4 +301,16 @@ pub(crate) fn from_stage_info(i: pb::StageInfo) -> Result<Decoded<StageInfo>, St
         coverage,
     };
     Ok(Decoded { value, dropped_contexts: dropped })
+}
+
+/// A wait histogram as sent: one count per bucket; an older agent sends
+/// none (all zero), a count beyond the buckets this side knows goes to the
+/// last one.
+fn wait_histogram(counts: &[u64]) -> WaitHistogram {
+    let mut h = WaitHistogram::default();
+    let last = h.0.len() - 1;
+    for (i, &n) in counts.iter().enumerate() {
+        h.0[i.min(last)] += n;
+    }
+    h
 }

@@ -26,6 +26,10 @@ pub enum Error {
         /// The gRPC status (code and message) or transport error.
         message: String,
     },
+    /// A metrics endpoint could not start (a refused address, a port in
+    /// use).
+    #[error("metrics: {0}")]
+    Metrics(String),
     /// A fleet file is invalid (the key is named).
     #[error("{path}: {message}")]
     Fleet {

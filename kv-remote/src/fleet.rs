@@ -100,6 +100,14 @@ pub struct FleetSection {
     /// Longest wait before connecting again.
     #[serde(default, with = "kv_stage::units::opt_duration_str")]
     pub reconnect_max: Option<Duration>,
+    /// Where `kvsds-controller` serves its Prometheus metrics
+    /// (`http://addr/metrics`; off unless set; loopback unless
+    /// `metrics_allow_remote`).
+    #[serde(default)]
+    pub metrics: Option<String>,
+    /// Lets `metrics` be an address that is not loopback.
+    #[serde(default)]
+    pub metrics_allow_remote: bool,
     /// The stages, one agent each.
     #[serde(default)]
     pub stage: Vec<MemberConfig>,
@@ -119,6 +127,8 @@ pub struct FleetConfig {
     pub units: Vec<UnitConfig>,
     /// The token, read.
     pub token: Option<String>,
+    /// Where to serve metrics (`fleet.metrics`, parsed and checked).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl FleetConfig {
@@ -213,7 +223,20 @@ impl FleetConfig {
                 "fleet.lease: {lease:?} is shorter than two control intervals ({interval:?} each): the stages would fall back between cycles"
             )));
         }
-        Ok(FleetConfig { controller, fleet, units, token })
+        let metrics = match &fleet.metrics {
+            Some(a) => {
+                let addr: std::net::SocketAddr =
+                    a.parse().map_err(|e| err(format!("fleet.metrics: '{a}' is not an address (ip:port): {e}")))?;
+                if !addr.ip().is_loopback() && !fleet.metrics_allow_remote {
+                    return Err(err(format!(
+                        "fleet.metrics: {addr} is not a loopback address; set fleet.metrics_allow_remote = true to serve metrics there"
+                    )));
+                }
+                Some(addr)
+            }
+            None => None,
+        };
+        Ok(FleetConfig { controller, fleet, units, token, metrics })
     }
 
     /// The lease in effect.
@@ -263,6 +286,7 @@ impl Unit {
 /// A running fleet: the controller, and a supervisor thread that joins
 /// stages as they answer and drops them when they stop answering.
 pub struct Fleet {
+    metrics: Option<crate::metrics::MetricsServer>,
     controller: Option<Controller>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -280,8 +304,8 @@ const SUPERVISE_EVERY: Duration = Duration::from_millis(20);
 
 impl Fleet {
     /// Starts the controller (with no stage yet) and the supervisor, which
-    /// connects to every member. Log lines (joins, leaves, connection
-    /// errors) go to stderr.
+    /// connects to every member. Joins, leaves and connection errors are
+    /// logged through `tracing`.
     pub fn start(config: FleetConfig) -> Result<Fleet> {
         let lease = config.lease();
         let options = ClientOptions {
@@ -298,6 +322,14 @@ impl Fleet {
             .max_log_records(1000)
             .start()
             .map_err(|e| Error::Fleet { path: "controller".into(), message: e.to_string() })?;
+        let metrics = match config.metrics {
+            Some(addr) => {
+                let mut registry = prometheus_client::registry::Registry::default();
+                registry.register_collector(Box::new(controller.metrics()));
+                Some(crate::metrics::MetricsServer::serve(addr, config.fleet.metrics_allow_remote, Arc::new(registry))?)
+            }
+            None => None,
+        };
         let min = config.fleet.reconnect_min.unwrap_or(Duration::from_millis(100));
         let max = config.fleet.reconnect_max.unwrap_or(Duration::from_secs(5)).max(min);
         let units: Vec<Unit> = config
@@ -339,7 +371,13 @@ impl Fleet {
             .name("fleet-supervisor".into())
             .spawn(move || sup.run())
             .map_err(|e| Error::Fleet { path: "supervisor".into(), message: e.to_string() })?;
-        Ok(Fleet { controller: Some(controller), stop, thread: Some(thread), status })
+        Ok(Fleet { metrics, controller: Some(controller), stop, thread: Some(thread), status })
+    }
+
+    /// Where the controller's metrics are served, when `fleet.metrics` is
+    /// set.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(crate::metrics::MetricsServer::local_addr)
     }
 
     /// The members now.
@@ -464,9 +502,10 @@ impl Supervisor {
         let mut out = Vec::new();
         for (name, stage) in stages {
             let Some(instance) = self.instance(&name) else {
-                eprintln!(
-                    "kvsds-controller: {}: stage '{name}' is not a fair_share.instance; not controlled",
-                    u.endpoint
+                tracing::warn!(
+                    endpoint = %u.endpoint,
+                    stage = name.as_str(),
+                    "stage '{name}' is not a fair_share.instance; not controlled"
                 );
                 continue;
             };
@@ -507,7 +546,11 @@ impl Supervisor {
                 (u.next_try, u.backoff) = after_leave(now, stayed, u.backoff, self.min, self.max, stable_after);
                 for (name, _) in left {
                     self.controller.leave(&name);
-                    eprintln!("kvsds-controller: {name} left at unix ms {} (no answer for {silent:?})", unix_ms());
+                    tracing::warn!(
+                        instance = name.as_str(),
+                        "{name} left at unix ms {} (no answer for {silent:?})",
+                        unix_ms()
+                    );
                     self.set_status(&name, |s| {
                         s.joined = false;
                         s.pid = None;
@@ -527,8 +570,11 @@ impl Supervisor {
                     let stage = Arc::new(stage);
                     let pid = stage.pid();
                     let name = instance.name.clone();
-                    eprintln!(
-                        "kvsds-controller: {name} joined at unix ms {} (stage '{}', pid {pid}, {endpoint})",
+                    tracing::info!(
+                        instance = name.as_str(),
+                        pid,
+                        endpoint = endpoint.as_str(),
+                        "{name} joined at unix ms {} (stage '{}')",
                         unix_ms(),
                         stage.name(),
                     );
@@ -556,7 +602,12 @@ impl Supervisor {
                 u.next_try = now + u.backoff;
                 u.backoff = (u.backoff * 2).min(self.max);
                 if u.last_error.as_deref() != Some(&msg) {
-                    eprintln!("kvsds-controller: {label}: {msg} (trying again, backoff up to {:?})", self.max);
+                    tracing::warn!(
+                        member = label.as_str(),
+                        error = msg.as_str(),
+                        "cannot reach {label}; trying again, backoff up to {:?}",
+                        self.max
+                    );
                 }
                 u.last_error = Some(msg.clone());
                 if let Some((name, _)) = &u.config.single {

@@ -49,6 +49,7 @@ mod convert;
 mod error;
 mod fleet;
 mod lease;
+pub mod metrics;
 mod remote;
 
 /// The wire types of `kvsds.control.v1`, generated from the .proto file.

@@ -67,6 +67,7 @@ mod error;
 pub mod iomax;
 mod layers;
 mod matching;
+pub mod metrics;
 mod objects;
 mod route;
 mod rules;
@@ -94,7 +95,8 @@ pub use rules::volumes;
 pub mod object {
     pub use crate::objects::{
         AsyncWait, Batch, BatchPlan, BatchSettings, BatchSpec, BucketStats, DEFAULT_REFILL_PERIOD, Drl, DrlSettings,
-        EnforcementObject, Noop, Object, ObjectKind, ObjectStats, Outcome, Qos, Settings,
+        EnforcementObject, Noop, Object, ObjectKind, ObjectStats, Outcome, Qos, Settings, WAIT_BUCKETS_SECONDS,
+        WaitHistogram,
     };
 }
 

@@ -117,7 +117,9 @@ impl StagedDbBuilder {
         }
         .map_err(|e| Error::opening(&path, e))?;
         std::mem::forget(guard);
+        let statistics = options.get_statistics().is_some();
         Ok(StagedDb {
+            statistics,
             db: Some(db),
             _options: options,
             _env: env,
@@ -157,6 +159,8 @@ pub struct StagedDb {
     device: Option<Arc<Device>>,
     io: Arc<DbIo>,
     path: PathBuf,
+    /// The options enable RocksDB's statistics (its tickers count).
+    statistics: bool,
 }
 
 impl StagedDb {
@@ -219,6 +223,13 @@ impl StagedDb {
     /// The emulated device's statistics, when there is one.
     pub fn device_stats(&self) -> Option<DeviceStats> {
         self.device.as_ref().map(|d| d.stats())
+    }
+
+    /// Time RocksDB stalled writes so far (the `rocksdb.stall.micros`
+    /// ticker), in microseconds; `None` unless the DB's options enable
+    /// statistics (`Options::enable_statistics`).
+    pub fn stall_micros(&self) -> Option<u64> {
+        self.statistics.then(|| self._options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros))
     }
 
     /// Requests the stage refused (each became an I/O error in RocksDB).

@@ -68,6 +68,7 @@ mod fault;
 mod ffi;
 mod io;
 mod layout;
+pub mod metrics;
 mod tag;
 mod wire;
 

@@ -56,6 +56,18 @@ pub enum AdaptiveMode {
     Draining,
 }
 
+impl AdaptiveMode {
+    /// The mode's name, as the decision log and the metrics write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdaptiveMode::Healthy => "healthy",
+            AdaptiveMode::Contended => "contended",
+            AdaptiveMode::Promoted => "promoted",
+            AdaptiveMode::Draining => "draining",
+        }
+    }
+}
+
 /// The inputs and outputs of one decision for one instance.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct AdaptiveInputs {
@@ -192,7 +204,12 @@ impl Adaptive {
         &mut self.state.last_mut().expect("pushed").1
     }
 
-    fn decide_one(&mut self, v: &InstanceView, now_s: f64, settings: &mut Vec<Setting>) -> serde_json::Value {
+    fn decide_one(
+        &mut self,
+        v: &InstanceView,
+        now_s: f64,
+        settings: &mut Vec<Setting>,
+    ) -> (serde_json::Value, AdaptiveMode) {
         // Requests of foreground's context (an `AsyncDb` tenant's file I/O
         // is foreground's); bytes of the device traffic only: client file
         // data, and the file data of every context for the total, so a
@@ -259,7 +276,7 @@ impl Adaptive {
         for d in &ln {
             push(d, x.b_ln / n_ln);
         }
-        json!({
+        let note = json!({
             "instance": v.name,
             "fg_bps": x.fg_bps,
             "fg_ops": x.fg_ops,
@@ -279,7 +296,8 @@ impl Adaptive {
                 "l0": v.jobs(C::BG_COMPACTION_L0_L1).counts.running,
                 "ln": v.jobs(C::BG_COMPACTION_LN).counts.running,
             },
-        })
+        });
+        (note, x.mode)
     }
 }
 
@@ -301,10 +319,13 @@ impl Policy for Adaptive {
         let now_s = obs.elapsed.as_secs_f64();
         let mut settings = Vec::new();
         let mut notes = Vec::new();
+        let mut branches = Vec::new();
         for v in &obs.instances {
-            notes.push(self.decide_one(v, now_s, &mut settings));
+            let (note, mode) = self.decide_one(v, now_s, &mut settings);
+            notes.push(note);
+            branches.push((v.key, mode.as_str()));
         }
-        Ok(Decision { settings, notes: serde_json::Value::Array(notes) })
+        Ok(Decision { settings, notes: serde_json::Value::Array(notes), branches })
     }
 }
 

@@ -227,7 +227,13 @@ impl Policy for FairShare {
         let mut top = serde_json::Map::new();
         top.insert("capacity_bps".into(), json!(self.capacity));
         top.insert("instances".into(), serde_json::Value::Array(notes));
-        Ok(Decision { settings, notes: serde_json::Value::Object(top) })
+        let branch = match self.mode {
+            FairShareMode::MaxMin => "max_min",
+            FairShareMode::Proportional => "proportional",
+            FairShareMode::Static => "static",
+        };
+        let branches = active.iter().map(|a| (a.0, branch)).collect();
+        Ok(Decision { settings, notes: serde_json::Value::Object(top), branches })
     }
 
     fn instance_joined(&mut self, config: &InstanceConfig) {

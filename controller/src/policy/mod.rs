@@ -203,6 +203,11 @@ pub struct Decision {
     pub settings: Vec<Setting>,
     /// Policy-specific inputs and intermediate values, per instance.
     pub notes: serde_json::Value,
+    /// The branch the policy took per instance (a short, fixed name such as
+    /// SILK's `flush_only` or the default controller's `healthy`), counted
+    /// in the controller's metrics; empty for a policy without branches.
+    #[serde(skip)]
+    pub branches: Vec<(InstanceKey, &'static str)>,
 }
 
 /// The DRLs that requests of `ctx` reach, in a stage's layout (how SILK and

@@ -40,6 +40,18 @@ pub enum SilkBranch {
     Neither,
 }
 
+impl SilkBranch {
+    /// The branch's name, as the decision log and the metrics write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SilkBranch::FlushAndL0 => "flush_and_l0",
+            SilkBranch::FlushOnly => "flush_only",
+            SilkBranch::L0Only => "l0_only",
+            SilkBranch::Neither => "neither",
+        }
+    }
+}
+
 /// The inputs and outputs of one SILK decision, for one instance.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct SilkInputs {
@@ -156,6 +168,7 @@ impl Policy for Silk {
     fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
         let mut settings = Vec::new();
         let mut notes = Vec::new();
+        let mut branches = Vec::new();
         for v in &obs.instances {
             let fg = v.rates.client_file().bytes_per_sec;
             let flush = drls_for(&v.info, C::BG_FLUSH);
@@ -190,6 +203,7 @@ impl Policy for Silk {
             for d in &ln {
                 push(d, s.b_ln / ln.len() as f64);
             }
+            branches.push((v.key, s.branch.as_str()));
             notes.push(json!({
                 "instance": v.name,
                 "fg_bps": s.fg,
@@ -214,7 +228,7 @@ impl Policy for Silk {
                 "ln_objects": ln.len(),
             }));
         }
-        Ok(Decision { settings, notes: serde_json::Value::Array(notes) })
+        Ok(Decision { settings, notes: serde_json::Value::Array(notes), branches })
     }
 }
 

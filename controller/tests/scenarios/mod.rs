@@ -67,6 +67,7 @@ impl Policy for Flaky {
         let set = |rate| Decision {
             settings: vec![Setting { instance: InstanceKey(0), object: ObjectRef::new("io", "drl"), rate }],
             notes: serde_json::Value::Null,
+            branches: Vec::new(),
         };
         match obs.cycle {
             0 => Ok(set(5000.0)),
@@ -90,7 +91,7 @@ impl Policy for Scripted {
             Some(rate) => vec![Setting { instance: InstanceKey(0), object: ObjectRef::new("io", "drl"), rate }],
             None => Vec::new(),
         };
-        Ok(Decision { settings, notes: serde_json::Value::Null })
+        Ok(Decision { settings, notes: serde_json::Value::Null, branches: Vec::new() })
     }
 }
 

@@ -28,7 +28,8 @@ mod slot;
 pub(crate) use endpoint::own_uid;
 use endpoint::{Gate, bind_unix};
 use service::{Auth, Service};
-use slot::{Core, Shared};
+pub(crate) use slot::Core;
+use slot::Shared;
 
 /// Where an agent listens (or a controller connects).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +199,9 @@ pub struct AgentBuilder {
     max_connections: usize,
     idle_timeout: Duration,
     allowed_uids: Option<Vec<u32>>,
+    metrics: Option<SocketAddr>,
+    metrics_allow_remote: bool,
+    collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
 }
 
 impl AgentBuilder {
@@ -297,6 +301,35 @@ impl AgentBuilder {
     /// of the allowed uids only; a TCP listener needs a token, and must be
     /// loopback unless [`allow_remote`](Self::allow_remote) is set.
     pub fn serve(self, endpoint: &Endpoint) -> Result<StageAgent> {
+        self.serve_checked(endpoint)
+    }
+
+    /// Also serves Prometheus metrics at `http://addr/metrics`: the stages'
+    /// (`kvsds_channel_*`, `kvsds_object_*`, ... of
+    /// [`kv_stage::metrics`]) and the agent's own (`kvsds_agent_*`). Off
+    /// unless set; `addr` must be loopback unless
+    /// [`metrics_allow_remote`](Self::metrics_allow_remote). Port 0 picks
+    /// one ([`StageAgent::metrics_addr`]).
+    pub fn metrics(mut self, addr: SocketAddr) -> Self {
+        self.metrics = Some(addr);
+        self
+    }
+
+    /// Serves `collector`'s metrics next to the agent's (for example a
+    /// service's RocksDB, `rocks_env::metrics::DbMetrics`).
+    pub fn collector(mut self, collector: Box<dyn prometheus_client::collector::Collector>) -> Self {
+        self.collectors.push(collector);
+        self
+    }
+
+    /// Lets [`metrics`](Self::metrics) listen on an address that is not
+    /// loopback (default false).
+    pub fn metrics_allow_remote(mut self, allow: bool) -> Self {
+        self.metrics_allow_remote = allow;
+        self
+    }
+
+    fn serve_checked(self, endpoint: &Endpoint) -> Result<StageAgent> {
         if self.max_message < 1024 {
             return Err(Error::Agent(format!("max_message_size {} is below 1 KiB", self.max_message)));
         }
@@ -329,6 +362,14 @@ impl AgentBuilder {
             && (t.is_empty() || t.bytes().any(|b| !(0x21..0x7f).contains(&b)))
         {
             return Err(Error::Agent("token: must be non-empty printable ASCII without spaces".into()));
+        }
+        if let Some(addr) = self.metrics
+            && !addr.ip().is_loopback()
+            && !self.metrics_allow_remote
+        {
+            return Err(Error::Metrics(format!(
+                "metrics address {addr} is not a loopback address: serving metrics there needs metrics_allow_remote"
+            )));
         }
         if let Endpoint::Tcp(addr) = endpoint
             && !addr.ip().is_loopback()
@@ -434,9 +475,10 @@ impl AgentBuilder {
                             gate.admit(s).map(Ok)
                         } else {
                             refused.fetch_add(1, Ordering::Relaxed);
-                            eprintln!(
-                                "kvsds-agent: refused a connection from uid {} (allowed: {uids:?})",
-                                uid.map_or_else(|e| e.to_string(), |u| u.to_string())
+                            tracing::warn!(
+                                uid = %uid.map_or_else(|e| e.to_string(), |u| u.to_string()),
+                                allowed = ?uids,
+                                "agent: refused a connection from a uid not allowed"
                             );
                             None
                         }
@@ -488,7 +530,41 @@ impl AgentBuilder {
             });
             tasks.push(watcher.abort_handle());
         }
-        Ok(StageAgent { runtime, tasks, stop: Some(stop_tx), core, endpoint: local, socket_path })
+        let metrics = match self.metrics {
+            Some(addr) => {
+                let stages = kv_stage::metrics::StageMetrics::new();
+                for s in &self.stages {
+                    stages.add(s);
+                }
+                let mut registry = prometheus_client::registry::Registry::default();
+                registry.register_collector(Box::new(stages));
+                registry.register_collector(Box::new(crate::metrics::AgentCollector {
+                    name: label.clone(),
+                    core: Arc::clone(&core),
+                }));
+                for c in self.collectors {
+                    registry.register_collector(c);
+                }
+                match crate::metrics::MetricsServer::serve(addr, self.metrics_allow_remote, Arc::new(registry)) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        // Nothing is left running: the server and the lease
+                        // watchers stop, the socket file goes.
+                        let _ = stop_tx.send(());
+                        for t in &tasks {
+                            t.abort();
+                        }
+                        if let Some(p) = &socket_path {
+                            let _ = std::fs::remove_file(p);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
+        tracing::info!(agent = label.as_str(), endpoint = %local, stages = self.stages.len(), "agent serving");
+        Ok(StageAgent { runtime, tasks, stop: Some(stop_tx), core, endpoint: local, socket_path, metrics })
     }
 }
 
@@ -517,6 +593,7 @@ pub struct StageAgent {
     core: Arc<Core>,
     endpoint: Endpoint,
     socket_path: Option<PathBuf>,
+    metrics: Option<crate::metrics::MetricsServer>,
 }
 
 impl StageAgent {
@@ -544,6 +621,9 @@ impl StageAgent {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             allowed_uids: None,
+            metrics: None,
+            metrics_allow_remote: false,
+            collectors: Vec::new(),
         }
     }
 
@@ -552,21 +632,14 @@ impl StageAgent {
         &self.endpoint
     }
 
+    /// Where it serves metrics, when [`AgentBuilder::metrics`] was set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(crate::metrics::MetricsServer::local_addr)
+    }
+
     /// What it counted so far.
     pub fn stats(&self) -> AgentStats {
-        let c = &self.core;
-        let sum = |f: fn(&Shared) -> u64| c.slots.iter().map(|s| f(s)).sum::<u64>();
-        AgentStats {
-            calls: c.calls.load(Ordering::Relaxed),
-            refused_token: c.refused_token.load(Ordering::Relaxed),
-            refused_version: c.refused_version.load(Ordering::Relaxed),
-            refused_invalid: sum(|s| s.refused_invalid.load(Ordering::Relaxed))
-                + c.refused_stage.load(Ordering::Relaxed),
-            fallbacks: sum(|s| s.fallbacks.load(Ordering::Relaxed)),
-            refused_connections: c.refused_connections.load(Ordering::Relaxed),
-            idle_closed: c.idle_closed.load(Ordering::Relaxed),
-            leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline().is_some()),
-        }
+        stats_of(&self.core)
     }
 
     /// Stops serving (calls in flight are dropped) and removes the socket.
@@ -575,6 +648,7 @@ impl StageAgent {
     }
 
     fn stop_now(&mut self) {
+        self.metrics.take();
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -593,5 +667,20 @@ impl StageAgent {
 impl Drop for StageAgent {
     fn drop(&mut self) {
         self.stop_now();
+    }
+}
+
+/// What an agent's core counted (see [`StageAgent::stats`]).
+pub(crate) fn stats_of(c: &Core) -> AgentStats {
+    let sum = |f: fn(&Shared) -> u64| c.slots.iter().map(|s| f(s)).sum::<u64>();
+    AgentStats {
+        calls: c.calls.load(Ordering::Relaxed),
+        refused_token: c.refused_token.load(Ordering::Relaxed),
+        refused_version: c.refused_version.load(Ordering::Relaxed),
+        refused_invalid: sum(|s| s.refused_invalid.load(Ordering::Relaxed)) + c.refused_stage.load(Ordering::Relaxed),
+        fallbacks: sum(|s| s.fallbacks.load(Ordering::Relaxed)),
+        refused_connections: c.refused_connections.load(Ordering::Relaxed),
+        idle_closed: c.idle_closed.load(Ordering::Relaxed),
+        leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline().is_some()),
     }
 }

@@ -26,7 +26,7 @@ use super::{AgentLimits, Fallback};
 /// What an agent shares across its stages: the token and the counters of
 /// refused calls.
 #[derive(Debug)]
-pub(super) struct Core {
+pub(crate) struct Core {
     pub(super) token: Option<String>,
     /// Answers challenges and checks sessions (with a token only).
     pub(super) keys: Option<AgentKeys>,
@@ -253,18 +253,19 @@ impl Shared {
                 lease.fell_back();
                 drop(lease);
                 let n = self.fallbacks.fetch_add(1, Ordering::Relaxed) + 1;
-                eprintln!(
-                    "kvsds-agent {}: lease expired, no controller renewed it (fallback #{n} {attempt}at unix ms {}): {what}",
-                    self.name,
+                tracing::warn!(
+                    agent = self.name.as_str(),
+                    fallback = n,
+                    "lease expired, no controller renewed it (fallback #{n} {attempt}at unix ms {}): {what}",
                     unix_ms()
                 );
             }
             Err(why) => {
                 lease.fallback_failed(now);
                 drop(lease);
-                eprintln!(
-                    "kvsds-agent {}: lease expired at unix ms {}: {why}; trying again in {FALLBACK_RETRY:?}",
-                    self.name,
+                tracing::warn!(
+                    agent = self.name.as_str(),
+                    "lease expired at unix ms {}: the fallback failed: {why}; trying again in {FALLBACK_RETRY:?}",
                     unix_ms()
                 );
             }

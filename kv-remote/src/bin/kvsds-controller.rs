@@ -1,6 +1,9 @@
 //! `kvsds-controller --config fleet.toml`: one controller for the stages a
 //! fleet file lists (see `kv_remote::FleetConfig`). Runs until SIGINT or
 //! SIGTERM (or `--duration`), then writes the rest of its decision log.
+//! With `--metrics 127.0.0.1:9465` (or `metrics` in the `[fleet]` table)
+//! it serves Prometheus metrics at `/metrics`. Logs go to stderr, filtered
+//! by `RUST_LOG` (default `info`).
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -22,21 +25,46 @@ struct Args {
     /// Check the file and exit.
     #[arg(long)]
     check: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (overrides the
+    /// fleet file's `metrics`; loopback unless `--metrics-allow-remote`).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+    /// Let `--metrics` listen on an address that is not loopback.
+    #[arg(long)]
+    metrics_allow_remote: bool,
 }
 
 fn main() {
     let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     match run(&args) {
         Ok(()) => {}
         Err(e) => {
-            eprintln!("kvsds-controller: {e}");
+            tracing::error!("{e}");
             std::process::exit(2);
         }
     }
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let config = FleetConfig::load(&args.config)?;
+    let mut config = FleetConfig::load(&args.config)?;
+    if let Some(addr) = args.metrics {
+        if !addr.ip().is_loopback() && !args.metrics_allow_remote {
+            return Err(format!(
+                "--metrics: {addr} is not a loopback address; add --metrics-allow-remote to serve metrics there"
+            )
+            .into());
+        }
+        config.metrics = Some(addr);
+        config.fleet.metrics_allow_remote = args.metrics_allow_remote;
+    }
     let duration = match &args.duration {
         Some(d) => Some(kv_stage::units::parse_duration(d).map_err(|e| format!("--duration: {e}"))?),
         None => None,
@@ -57,16 +85,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     ctrlc::set_handler(move || {
         let _ = tx.send(());
     })?;
-    eprintln!(
-        "kvsds-controller: policy {:?}, {} stage(s) and {} host(s), interval {:?}, lease {:?}, pid {}",
-        config.controller.policy,
-        config.fleet.stage.len(),
-        config.fleet.host.len(),
-        config.controller.effective_interval(),
-        config.lease(),
-        std::process::id()
+    tracing::info!(
+        policy = ?config.controller.policy,
+        stages = config.fleet.stage.len(),
+        hosts = config.fleet.host.len(),
+        interval = ?config.controller.effective_interval(),
+        lease = ?config.lease(),
+        pid = std::process::id(),
+        "starting"
     );
     let fleet = Fleet::start(config)?;
+    if let Some(addr) = fleet.metrics_addr() {
+        tracing::info!("metrics at http://{addr}/metrics");
+    }
     let started = Instant::now();
     loop {
         let wait = match duration {
@@ -77,11 +108,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             None => Duration::from_millis(200),
         };
         if rx.recv_timeout(wait).is_ok() {
-            eprintln!("kvsds-controller: signal: stopping");
+            tracing::info!("signal: stopping");
             break;
         }
     }
     let log = fleet.stop();
-    eprintln!("kvsds-controller: stopped after {} cycles", log.last().map_or(0, |r| r.cycle + 1));
+    tracing::info!(cycles = log.last().map_or(0, |r| r.cycle + 1), "stopped");
     Ok(())
 }

@@ -283,6 +283,8 @@ pub struct BucketStats {
     pub wait_ns: u64,
     /// Requests waiting right now.
     pub waiting: u64,
+    /// How long the requests that waited waited.
+    pub wait_histogram: super::WaitHistogram,
     /// Tokens reserved (bytes or ops, by the bucket's unit at the time).
     pub admitted_tokens: f64,
 }
@@ -454,6 +456,7 @@ impl State {
         let waited = now.saturating_sub(start);
         self.stats.waits += 1;
         self.stats.wait_ns += waited;
+        self.stats.wait_histogram.record(waited);
         waited
     }
 

@@ -103,13 +103,74 @@ pub struct ObjectStats {
     pub wait_ns: u64,
     /// Requests waiting right now.
     pub waiting: u64,
+    /// How long the requests that waited waited, in fixed buckets
+    /// ([`WAIT_BUCKETS_SECONDS`]); their sum is `waits`.
+    pub wait_histogram: WaitHistogram,
+}
+
+impl ObjectStats {
+    /// The sum of both (an object of several buckets reports one).
+    pub fn plus(mut self, o: &ObjectStats) -> ObjectStats {
+        self.waits += o.waits;
+        self.wait_ns += o.wait_ns;
+        self.waiting += o.waiting;
+        self.wait_histogram = self.wait_histogram.plus(&o.wait_histogram);
+        self
+    }
 }
 
 impl From<BucketStats> for ObjectStats {
     fn from(b: BucketStats) -> Self {
-        ObjectStats { waits: b.waits, wait_ns: b.wait_ns, waiting: b.waiting }
+        ObjectStats { waits: b.waits, wait_ns: b.wait_ns, waiting: b.waiting, wait_histogram: b.wait_histogram }
     }
 }
+
+/// Upper bounds, in seconds, of the wait-time buckets every bucket-based
+/// object counts its waits in (a last bucket takes longer waits): from
+/// 100 µs, about a fast device's request, to 10 s.
+pub const WAIT_BUCKETS_SECONDS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 10.0];
+
+/// Waits per bucket of [`WAIT_BUCKETS_SECONDS`] (not cumulative), the last
+/// entry being waits longer than every bound. Counted only for requests that
+/// waited, when they leave the line: a request admitted at once costs
+/// nothing more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WaitHistogram(pub [u64; WAIT_BUCKETS_SECONDS.len() + 1]);
+
+impl WaitHistogram {
+    /// Counts one wait of `ns` nanoseconds.
+    pub fn record(&mut self, ns: u64) {
+        let i = WAIT_BUCKETS_NS.iter().position(|&b| ns <= b).unwrap_or(WAIT_BUCKETS_SECONDS.len());
+        self.0[i] += 1;
+    }
+
+    /// The sum of both.
+    pub fn plus(mut self, o: &WaitHistogram) -> WaitHistogram {
+        for (a, b) in self.0.iter_mut().zip(o.0) {
+            *a += b;
+        }
+        self
+    }
+
+    /// `(upper bound in seconds, waits in this bucket)`, not cumulative
+    /// (the last bound is infinite).
+    pub fn buckets(&self) -> [(f64, u64); WAIT_BUCKETS_SECONDS.len() + 1] {
+        std::array::from_fn(|i| (WAIT_BUCKETS_SECONDS.get(i).copied().unwrap_or(f64::INFINITY), self.0[i]))
+    }
+}
+
+const WAIT_BUCKETS_NS: [u64; WAIT_BUCKETS_SECONDS.len()] = [
+    100_000,
+    500_000,
+    1_000_000,
+    5_000_000,
+    10_000_000,
+    50_000_000,
+    100_000_000,
+    500_000_000,
+    1_000_000_000,
+    10_000_000_000,
+];
 
 /// A partial configuration change, as an enforcement rule carries it:
 /// named settings, such as `{ rate = "32MiB/s" }`. Each object kind reads

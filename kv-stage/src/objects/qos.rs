@@ -323,12 +323,7 @@ impl EnforcementObject for Qos {
     }
 
     fn stats(&self) -> ObjectStats {
-        self.buckets().iter().map(|b| b.stats()).fold(ObjectStats::default(), |mut acc, s| {
-            acc.waits += s.waits;
-            acc.wait_ns += s.wait_ns;
-            acc.waiting += s.waiting;
-            acc
-        })
+        self.buckets().iter().fold(ObjectStats::default(), |acc, b| acc.plus(&b.stats().into()))
     }
 
     fn shutdown(&self) {

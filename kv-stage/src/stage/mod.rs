@@ -30,7 +30,7 @@ use crate::clock::now_ns;
 use crate::context::{Context, InstanceId, RequestContext, WorkflowId};
 use crate::error::{EnforceError, Error, Location, Result};
 use crate::matching::Match;
-use crate::objects::{AsyncWait, EnforcementObject, Object, ObjectChange, ObjectKind, Outcome};
+use crate::objects::{AsyncWait, EnforcementObject, Object, ObjectChange, ObjectKind, ObjectSpec, Outcome};
 use crate::rules::{Rule, RuleSet};
 use crate::stats::Counters;
 
@@ -678,6 +678,20 @@ impl Stage {
         // Read under the control lock, not copied: control calls only (the
         // data path never takes it).
         let m = self.lock_control();
+        self.collect_under(&m)
+    }
+
+    /// What a metrics scrape reads, under one lock: the collection, each
+    /// of its objects' current spec (in the collection's order), and the
+    /// open instances with their owners.
+    pub(crate) fn scrape(&self) -> (Collection, Vec<Option<ObjectSpec>>, Vec<(InstanceId, String)>) {
+        let m = self.lock_control();
+        let specs = m.channels.iter().flat_map(|c| c.objects.iter().map(|o| o.object.spec())).collect();
+        let instances = m.open_instances.iter().map(|(id, owner)| (*id, owner.to_string())).collect();
+        (self.collect_under(&m), specs, instances)
+    }
+
+    fn collect_under(&self, m: &Model) -> Collection {
         let elapsed_ns = now_ns().saturating_sub(self.started_ns);
         let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut channels = Vec::new();
