@@ -221,7 +221,7 @@ struct FiguresArgs {
 fn workload(args: &WorkloadArgs) -> Result<Workload> {
     let (mut w, warnings) = Workload::load(&args.workload)?;
     for warning in warnings {
-        eprintln!("warning: {}: {warning}", args.workload);
+        tracing::warn!("{}: {warning}", args.workload);
     }
     w.recordcount = match args.recordcount {
         Some(n) => n,
@@ -414,7 +414,7 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
         // copy then settles at once.
         progress.line("settling the loaded DB once for the warm starts");
         if runner::settle(&base, b.settle_timeout).is_none() {
-            eprintln!("warning: the loaded DB still had compaction work after {}s", b.settle_timeout.as_secs());
+            tracing::warn!("the loaded DB still had compaction work after {}s", b.settle_timeout.as_secs());
         }
     }
     let mut runs = Vec::new();
@@ -622,8 +622,8 @@ fn settle_and_run(
         match runner::settle(sys.db.db(), b.settle_timeout) {
             Some(d) => Some(d.as_millis() as u64),
             None => {
-                eprintln!(
-                    "warning: {label}: RocksDB still had compaction work after {}s; starting anyway",
+                tracing::warn!(
+                    "{label}: RocksDB still had compaction work after {}s; starting anyway",
                     b.settle_timeout.as_secs()
                 );
                 Some(b.settle_timeout.as_millis() as u64)
@@ -864,6 +864,18 @@ fn command_line() -> String {
 /// exit status: 0 on success, 2 when the input was bad or the run failed
 /// (the error is on stderr, naming what was wrong).
 pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
+    // Warnings and errors go to stderr through `tracing`, filtered by
+    // RUST_LOG (default `info`); progress lines and the results table are
+    // the command's own output. A process that installed a subscriber of
+    // its own keeps it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -904,7 +916,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e}");
+            tracing::error!("{e}");
             2
         }
     }

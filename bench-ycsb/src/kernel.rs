@@ -172,7 +172,7 @@ fn remove_cgroup(dir: &Path, home: &Path) {
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
-    eprintln!("warning: could not remove the cgroup {}; remove it with `rmdir {}`", dir.display(), dir.display());
+    tracing::warn!("could not remove the cgroup {}; remove it with `rmdir {}`", dir.display(), dir.display());
 }
 
 /// Removes every live cgroup of this process (for the signal handler).
@@ -193,7 +193,7 @@ fn remove_stale(root: &Path) {
         if pid.is_some_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists()) {
             let empty = fs::read_to_string(procs_file(&e.path())).map(|s| s.trim().is_empty()).unwrap_or(false);
             if empty && fs::remove_dir(e.path()).is_ok() {
-                eprintln!("removed the cgroup {} a killed earlier run left behind", e.path().display());
+                tracing::info!("removed the cgroup {} a killed earlier run left behind", e.path().display());
             }
         }
     }
@@ -422,7 +422,7 @@ impl Drop for Cgroup {
 /// Only the first call installs it.
 pub fn install_interrupt_cleanup(also: impl Fn() + Send + 'static) {
     let _ = ctrlc::set_handler(move || {
-        eprintln!("\ninterrupted: removing cgroups and data");
+        tracing::warn!("interrupted: removing cgroups and data");
         remove_all();
         also();
         std::process::exit(130);

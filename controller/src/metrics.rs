@@ -162,7 +162,7 @@ impl Collector for ControllerMetrics {
             MetricType::Counter,
             |m| {
                 for ((instance, branch), n) in &s.branches {
-                    counter(m, &[policy(), ("instance", instance.clone()), ("branch", (*branch).to_owned())], *n)?;
+                    counter(m, &[policy(), ("kv_instance", instance.clone()), ("branch", (*branch).to_owned())], *n)?;
                 }
                 Ok(())
             },
@@ -184,7 +184,7 @@ impl Collector for ControllerMetrics {
             MetricType::Counter,
             |m| {
                 for (instance, n) in &s.unreachable {
-                    counter(m, &[policy(), ("instance", instance.clone())], *n)?;
+                    counter(m, &[policy(), ("kv_instance", instance.clone())], *n)?;
                 }
                 Ok(())
             },
@@ -200,7 +200,7 @@ impl Collector for ControllerMetrics {
                         m,
                         &[
                             policy(),
-                            ("instance", instance.clone()),
+                            ("kv_instance", instance.clone()),
                             ("channel", channel.clone()),
                             ("object", object.clone()),
                         ],

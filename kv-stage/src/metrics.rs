@@ -123,7 +123,7 @@ impl Collector for StageMetrics {
                     for (id, owner) in &s.instances {
                         gauge(
                             m,
-                            &[("stage", stage(s)), ("instance", id.0.to_string()), ("owner", owner.clone())],
+                            &[("stage", stage(s)), ("kv_instance", id.0.to_string()), ("owner", owner.clone())],
                             1.0,
                         )?;
                     }
@@ -287,7 +287,7 @@ impl Collector for StageMetrics {
             },
         )?;
         let job_labels = |s: &Scrape, j: &crate::info::JobCounters| {
-            [("stage", stage(s)), ("instance", j.instance.0.to_string()), ("context", j.context.name().to_owned())]
+            [("stage", stage(s)), ("kv_instance", j.instance.0.to_string()), ("context", j.context.name().to_owned())]
         };
         family(
             &mut e,

@@ -504,6 +504,7 @@ impl Sink for DbIo {
             Event::BackgroundError { message, .. } => {
                 // Reported on the thread whose job failed: that job is over.
                 self.retire_thread_job(tag::take_job(self.id));
+                tracing::warn!(db = self.id, error = message.as_str(), "RocksDB reported a background error");
                 let mut e = self.bg_errors.lock().unwrap_or_else(|e| e.into_inner());
                 e.count += 1;
                 e.last = Some(message);

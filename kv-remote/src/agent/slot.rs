@@ -70,6 +70,7 @@ impl Core {
             };
             if !ok {
                 self.refused_token.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("refused a call without the agent's token");
                 return Err(Status::unauthenticated(match given {
                     Some(v) if v.starts_with(auth::SCHEME) => {
                         "unknown session (the agent restarted, or the session is not one it opened)"
@@ -161,6 +162,7 @@ impl Shared {
 
     pub(super) fn invalid(&self, status: Status) -> Status {
         self.refused_invalid.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(agent = self.name.as_str(), code = ?status.code(), reason = status.message(), "refused a call");
         status
     }
 
