@@ -510,6 +510,15 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         stop_attribution.store(true, std::sync::atomic::Ordering::Release);
         let samples = sampler.join().map_err(|_| Error::Usage("the attribution sampler panicked".into()));
         let rep = measured.and_then(|m| report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?));
+        // What a Prometheus scrape would have read at the end of the run,
+        // next to summary.json (the drain below is not in it).
+        // (No early return here: the pressure sampler stops below.)
+        let rep = rep.and_then(|rep| {
+            let file = b.out.join(format!("metrics-{}-{r}.prom", kind.name()));
+            std::fs::write(&file, end_of_run_metrics(&sys))
+                .map_err(Error::io(format!("writing {}", file.display())))
+                .map(|()| rep)
+        });
         // The end-of-run debt, and the time to pay it (on the same device,
         // with the system's controller still running), after the run's
         // counters were read.
@@ -553,6 +562,25 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         rep.stall_us as f64 / 1e6
     ));
     Ok(rep)
+}
+
+/// The stage's, the RocksDB's and the controller's metrics now, in the
+/// Prometheus text format (`promtool check metrics` reads it; empty of
+/// stage and DB families for plain RocksDB).
+fn end_of_run_metrics(sys: &systems::RunningSystem) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    if let Some(stage) = &sys.stage {
+        let m = kv_stage::metrics::StageMetrics::new();
+        m.add(stage);
+        registry.register_collector(Box::new(m));
+    }
+    if let systems::SystemDb::Staged(db) = &sys.db {
+        registry.register_collector(Box::new(rocks_env::metrics::DbSnapshot::of(&[db])));
+    }
+    if let Some(c) = &sys.controller {
+        registry.register_collector(Box::new(c.metrics()));
+    }
+    kv_stage::metrics::encode_text(&registry)
 }
 
 /// The report of one run, from the counters as the run left them.

@@ -136,6 +136,12 @@ pub struct ProtectedDb {
     controller: Mutex<Option<Controller>>,
     /// The controller's log as it stopped (`close`).
     stopped_log: Mutex<Vec<controller::DecisionRecord>>,
+    /// The stage's, the DB's and the controller's metrics.
+    metrics: (
+        kv_stage::metrics::StageMetrics,
+        rocks_env::metrics::DbMetrics,
+        Option<controller::metrics::ControllerMetrics>,
+    ),
 }
 
 impl std::fmt::Debug for ProtectedDb {
@@ -214,12 +220,23 @@ impl ProtectedDb {
             }
             None => None,
         };
+        let stage_metrics = kv_stage::metrics::StageMetrics::new();
+        stage_metrics.add(&stage);
+        let db_metrics = rocks_env::metrics::DbMetrics::new();
+        db_metrics.add(&staged);
+        let metrics = (stage_metrics, db_metrics, controller.as_ref().map(Controller::metrics));
         let db = AsyncDb::builder(staged)
             .blocking_threads(protection.blocking_threads)
             .sync_writes(protection.sync_writes)
             .build();
         let tenants = contexts.into_iter().map(|(name, context)| Tenant { db: db.clone(), name, context }).collect();
-        Ok(ProtectedDb { db, tenants, controller: Mutex::new(controller), stopped_log: Mutex::new(Vec::new()) })
+        Ok(ProtectedDb {
+            db,
+            tenants,
+            controller: Mutex::new(controller),
+            stopped_log: Mutex::new(Vec::new()),
+            metrics,
+        })
     }
 
     /// A declared tenant's handle: every call it makes is that tenant's.
@@ -237,6 +254,21 @@ impl ProtectedDb {
     /// the tenants' limits (`configure(tenant, "limit", ...)`).
     pub fn stage(&self) -> &Arc<Stage> {
         self.db.stage()
+    }
+
+    /// Registers the DB's Prometheus metrics in `registry`: its stage's
+    /// (`kvsds_channel_*`, `kvsds_object_*` per tenant and background
+    /// channel, ...), its RocksDB's (`kvsds_rocksdb_*`) and its
+    /// controller's (`kvsds_controller_*`), all read at scrape time (see
+    /// `docs/monitoring.md`). After [`close`](Self::close) the DB's samples
+    /// are gone; the stage's stay while this handle lives. Register one `ProtectedDb` per registry: a
+    /// second would describe the same families again.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(self.metrics.0.clone()));
+        registry.register_collector(Box::new(self.metrics.1.clone()));
+        if let Some(c) = &self.metrics.2 {
+            registry.register_collector(Box::new(c.clone()));
+        }
     }
 
     /// The controller's decision log so far (the last cycles it keeps;

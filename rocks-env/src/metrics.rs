@@ -114,8 +114,38 @@ fn scrape(db: &StagedDb) -> Scrape {
 }
 
 impl Collector for DbMetrics {
-    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let dbs: Vec<Scrape> = self.live().iter().map(|d| scrape(d)).collect();
+        encode_scrapes(&dbs, e)
+    }
+}
+
+/// The metrics of DBs read once, now, from DBs the caller holds however it
+/// holds them (not necessarily in an `Arc`): for a one-off file, such as a
+/// benchmark's end-of-run scrape. Same families as [`DbMetrics`].
+pub struct DbSnapshot(Vec<Scrape>);
+
+impl std::fmt::Debug for DbSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbSnapshot").field("dbs", &self.0.len()).finish()
+    }
+}
+
+impl DbSnapshot {
+    /// Reads `dbs` now.
+    pub fn of(dbs: &[&StagedDb]) -> DbSnapshot {
+        DbSnapshot(dbs.iter().map(|d| scrape(d)).collect())
+    }
+}
+
+impl Collector for DbSnapshot {
+    fn encode(&self, e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        encode_scrapes(&self.0, e)
+    }
+}
+
+fn encode_scrapes(dbs: &[Scrape], mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    {
         let db = |s: &Scrape| ("db", s.db.clone());
         type JobField = fn(&JobClassStats) -> u64;
         let job_counters: [(&str, &str, JobField); 4] = [
@@ -134,7 +164,7 @@ impl Collector for DbMetrics {
         ];
         for (name, help, field) in job_counters {
             family(&mut e, name, help, MetricType::Counter, |m| {
-                for s in &dbs {
+                for s in dbs {
                     for (class, j) in &s.jobs {
                         counter(m, &[db(s), ("class", (*class).to_owned())], field(j))?;
                     }
@@ -143,7 +173,7 @@ impl Collector for DbMetrics {
             })?;
         }
         family(&mut e, "kvsds_rocksdb_jobs_running", "Jobs running now, per class.", MetricType::Gauge, |m| {
-            for s in &dbs {
+            for s in dbs {
                 for (class, j) in &s.jobs {
                     gauge(m, &[db(s), ("class", (*class).to_owned())], j.counts.running as f64)?;
                 }
@@ -156,7 +186,7 @@ impl Collector for DbMetrics {
             "Time at least one job of the class ran.",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     for (class, j) in &s.jobs {
                         prometheus_client::encoding::EncodeMetric::encode(
                             &prometheus_client::metrics::counter::ConstCounter::new(j.busy_ns as f64 * 1e-9),
@@ -174,7 +204,7 @@ impl Collector for DbMetrics {
             "Compactions that began, per level pair (bg_compaction_L1_L2, ...).",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     for l in &s.levels {
                         counter(m, &level(s, l), l.jobs.counts.begun)?;
                     }
@@ -188,7 +218,7 @@ impl Collector for DbMetrics {
             "Compactions completed, per level pair.",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     for l in &s.levels {
                         counter(m, &level(s, l), l.jobs.counts.completed)?;
                     }
@@ -202,7 +232,7 @@ impl Collector for DbMetrics {
             "Compactions running now, per level pair.",
             MetricType::Gauge,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     for l in &s.levels {
                         gauge(m, &level(s, l), l.jobs.counts.running as f64)?;
                     }
@@ -216,7 +246,7 @@ impl Collector for DbMetrics {
             "Bytes read and written through the wrapper, per file kind.",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     for (kind, io) in &s.io.files {
                         for (op, c) in [("read", io.read), ("write", io.write)] {
                             counter(
@@ -254,7 +284,7 @@ impl Collector for DbMetrics {
         ];
         for (name, help, field) in props {
             family(&mut e, name, help, MetricType::Gauge, |m| {
-                for s in &dbs {
+                for s in dbs {
                     gauge(m, &[db(s)], field(&s.props) as f64)?;
                 }
                 Ok(())
@@ -266,7 +296,7 @@ impl Collector for DbMetrics {
             "Time RocksDB stalled writes (the stall.micros ticker; only for DBs opened with statistics enabled).",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     if let Some(secs) = s.stall_seconds {
                         prometheus_client::encoding::EncodeMetric::encode(
                             &prometheus_client::metrics::counter::ConstCounter::new(secs),
@@ -283,7 +313,7 @@ impl Collector for DbMetrics {
             "File requests the stage refused (each became an I/O error in RocksDB).",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     counter(m, &[db(s)], s.refused)?;
                 }
                 Ok(())
@@ -295,7 +325,7 @@ impl Collector for DbMetrics {
             "Background errors RocksDB reported (failed flushes, compactions, WAL or MANIFEST writes).",
             MetricType::Counter,
             |m| {
-                for s in &dbs {
+                for s in dbs {
                     counter(m, &[db(s)], s.background_errors)?;
                 }
                 Ok(())

@@ -109,6 +109,29 @@ fn a_short_run_produces_summary_series_and_plots() {
         assert_eq!(svg.matches("<polyline").count(), 6, "{plot}: one line per system");
         assert_well_formed(&svg, plot);
     }
+    // Each run's end-of-run scrape, in the format promtool checks.
+    for name in &names {
+        let file = out.path().join(format!("metrics-{name}-1.prom"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        // On the emulated device every system's I/O passes a stage (plain
+        // RocksDB's only counts); the paio systems run on rocks-env.
+        assert!(text.contains("kvsds_context_file_bytes_total{"), "{name}: {text}");
+        if name.starts_with("paio-") {
+            assert!(text.contains("kvsds_rocksdb_l0_files{"), "{name}: {text}");
+        }
+        if ["paio-adaptive", "paio-silk"].contains(name) {
+            assert!(text.contains("kvsds_controller_cycles_total{"), "{name}: {text}");
+        }
+        {
+            let check = std::process::Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(std::fs::File::open(&file).unwrap())
+                .output()
+                .expect("promtool (scripts/setup.sh installs Debian's prometheus package)");
+            let said = format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+            assert!(check.status.success() && said.trim().is_empty(), "promtool on {}: {said}", file.display());
+        }
+    }
     let decisions = std::fs::read_to_string(out.path().join("decisions-paio-silk-1.jsonl")).unwrap();
     assert!(decisions.lines().count() > 100);
     for l in decisions.lines() {

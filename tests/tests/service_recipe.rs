@@ -162,3 +162,50 @@ fn the_blocking_api_outside_a_runtime_with_a_waiter_at_rate_0() {
     }
     assert_eq!(plain.get(b"frozen").unwrap(), None);
 }
+
+#[test]
+fn a_protected_db_registers_its_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let db = ProtectedDb::open(
+        &path,
+        options(),
+        Protection::default().tenant("metrics_t", "1MiB/s").controller(ControllerConfig::silk(SilkConfig::default())),
+    )
+    .unwrap();
+    let t = db.tenant("metrics_t").unwrap();
+    for i in 0..50u32 {
+        t.put_blocking(format!("k{i}").as_bytes(), &[b'v'; 512]).unwrap();
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    db.register_metrics(&mut registry);
+    let stage = path.display().to_string();
+    let sample = |text: &str, series: &str| -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    // The controller runs every 10 ms; give it a cycle.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = kv_stage::metrics::encode_text(&registry);
+        if sample(&text, r#"kvsds_controller_cycles_total{policy="silk"}"#).is_some_and(|c| c > 0.0)
+            || Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let tenant = format!(r#"{{stage="{stage}",channel="metrics_t",object="limit",kind="drl"}}"#);
+    assert_eq!(sample(&text, &format!("kvsds_object_requests_total{tenant}")), Some(50.0), "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            &format!(r#"kvsds_object_rate_bytes_per_second{{stage="{stage}",channel="metrics_t",object="limit"}}"#)
+        ),
+        Some(1048576.0)
+    );
+    assert!(sample(&text, &format!(r#"kvsds_rocksdb_l0_files{{db="{stage}"}}"#)).is_some(), "{text}");
+    assert!(sample(&text, r#"kvsds_controller_cycles_total{policy="silk"}"#).is_some_and(|c| c > 0.0), "{text}");
+    db.close_blocking(Duration::from_secs(5)).unwrap();
+    let text = kv_stage::metrics::encode_text(&registry);
+    assert!(!text.contains(&format!("db=\"{stage}\"")), "a closed DB is still reported: {text}");
+}
