@@ -2,6 +2,12 @@
 //! file volumes descriptors are classified into, and what keeps them right
 //! across reloads and forks.
 //!
+//! Its few messages go to stderr with `eprintln!`, not `tracing`: the
+//! library runs inside an unmodified program (cp, fio, a database) that
+//! installs no `tracing` subscriber, so a `tracing` event would be lost,
+//! and installing a global subscriber into someone else's process could
+//! clash with its own.
+//!
 //! The state is built once at load (or again in a forked child) and never
 //! freed: a hook may hold a reference to it at any time, and a state left
 //! behind by a fork may have a lock held by a thread that no longer exists.

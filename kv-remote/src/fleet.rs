@@ -32,7 +32,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use controller::{Controller, ControllerConfig, DecisionRecord, InstanceConfig, StageHandle};
+use kv_stage::metrics::{counter, family, gauge};
 use kv_stage::units::Rate;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
 use serde::Deserialize;
 
 use crate::agent::Endpoint;
@@ -322,14 +326,6 @@ impl Fleet {
             .max_log_records(1000)
             .start()
             .map_err(|e| Error::Fleet { path: "controller".into(), message: e.to_string() })?;
-        let metrics = match config.metrics {
-            Some(addr) => {
-                let mut registry = prometheus_client::registry::Registry::default();
-                registry.register_collector(Box::new(controller.metrics()));
-                Some(crate::metrics::MetricsServer::serve(addr, config.fleet.metrics_allow_remote, Arc::new(registry))?)
-            }
-            None => None,
-        };
         let min = config.fleet.reconnect_min.unwrap_or(Duration::from_millis(100));
         let max = config.fleet.reconnect_max.unwrap_or(Duration::from_secs(5)).max(min);
         let units: Vec<Unit> = config
@@ -354,6 +350,15 @@ impl Fleet {
                 .map(|name| MemberStatus { name, joined: false, pid: None, joins: 0, leaves: 0, last_error: None })
                 .collect(),
         ));
+        let metrics = match config.metrics {
+            Some(addr) => {
+                let mut registry = prometheus_client::registry::Registry::default();
+                registry.register_collector(Box::new(controller.metrics()));
+                registry.register_collector(Box::new(FleetCollector { members: Arc::clone(&status) }));
+                Some(crate::metrics::MetricsServer::serve(addr, config.fleet.metrics_allow_remote, Arc::new(registry))?)
+            }
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let mut sup = Supervisor {
             units,
@@ -655,5 +660,56 @@ mod tests {
         assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         // One that served a while is tried again at once, from the minimum.
         assert_eq!(after_leave(t0, Duration::from_secs(60), backoff, min, max, stable), (t0, min));
+    }
+}
+
+/// A fleet's members as metrics (`kvsds_fleet_*`), served by
+/// `kvsds-controller` next to the controller's.
+#[derive(Debug)]
+pub(crate) struct FleetCollector {
+    pub(crate) members: Arc<Mutex<Vec<MemberStatus>>>,
+}
+
+impl Collector for FleetCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let member = |m: &MemberStatus| ("member", m.name.clone());
+        family(
+            &mut e,
+            "kvsds_fleet_member_joined",
+            "1 while the member's stage takes part in the policy.",
+            MetricType::Gauge,
+            |enc| {
+                for m in &members {
+                    gauge(enc, &[member(m)], if m.joined { 1.0 } else { 0.0 })?;
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            &mut e,
+            "kvsds_fleet_member_joins",
+            "Times the member joined the policy.",
+            MetricType::Counter,
+            |enc| {
+                for m in &members {
+                    counter(enc, &[member(m)], m.joins)?;
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            &mut e,
+            "kvsds_fleet_member_leaves",
+            "Times the member left: its agent stopped answering (after a lease of silence its stages have fallen back to their own limits).",
+            MetricType::Counter,
+            |enc| {
+                for m in &members {
+                    counter(enc, &[member(m)], m.leaves)?;
+                }
+                Ok(())
+            },
+        )?;
+        Ok(())
     }
 }

@@ -33,10 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
-use kv_stage::metrics::{TEXT_CONTENT_TYPE, counter, encode_text, family, gauge};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::metrics::MetricType;
+use kv_stage::metrics::{TEXT_CONTENT_TYPE, encode_text};
 use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
@@ -165,66 +162,5 @@ fn respond(registry: &Registry, req: &Request<hyper::body::Incoming>, scrapes: &
         }
         (_, "/metrics") => reply(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into(), "text/plain"),
         _ => reply(StatusCode::NOT_FOUND, "metrics are at /metrics\n".into(), "text/plain"),
-    }
-}
-
-/// An agent's own counters as metrics (`kvsds_agent_*`), read at scrape
-/// time from what [`StageAgent::stats`](crate::StageAgent::stats) reports.
-#[derive(Debug, Clone)]
-pub(crate) struct AgentCollector {
-    pub(crate) name: String,
-    pub(crate) core: Arc<crate::agent::Core>,
-}
-
-impl Collector for AgentCollector {
-    fn encode(&self, mut e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
-        let s = crate::agent::stats_of(&self.core);
-        let agent = || ("agent", self.name.clone());
-        family(
-            &mut e,
-            "kvsds_agent_calls",
-            "Control calls the agent answered (with success or an error status).",
-            MetricType::Counter,
-            |m| counter(m, &[agent()], s.calls),
-        )?;
-        family(
-            &mut e,
-            "kvsds_agent_refused",
-            "Control calls or connections the agent refused, by reason.",
-            MetricType::Counter,
-            |m| {
-                for (reason, n) in [
-                    ("token", s.refused_token),
-                    ("version", s.refused_version),
-                    ("invalid", s.refused_invalid),
-                    ("connection", s.refused_connections),
-                ] {
-                    counter(m, &[agent(), ("reason", reason.to_owned())], n)?;
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            &mut e,
-            "kvsds_agent_idle_closed",
-            "Connections closed after the idle timeout.",
-            MetricType::Counter,
-            |m| counter(m, &[agent()], s.idle_closed),
-        )?;
-        family(
-            &mut e,
-            "kvsds_agent_lease_fallbacks",
-            "Times a controller's lease ran out and the stage fell back.",
-            MetricType::Counter,
-            |m| counter(m, &[agent()], s.fallbacks),
-        )?;
-        family(
-            &mut e,
-            "kvsds_agent_leased",
-            "1 while a controller holds a lease on one of the agent's stages.",
-            MetricType::Gauge,
-            |m| gauge(m, &[agent()], if s.leased { 1.0 } else { 0.0 }),
-        )?;
-        Ok(())
     }
 }

@@ -61,6 +61,20 @@ fn families() -> (BTreeSet<String>, BTreeSet<String>) {
     write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
     s.read_to_string(&mut text).unwrap();
 
+    // A fleet's, from kvsds-controller's endpoint (its controller's and
+    // its members').
+    let fleet_file = format!(
+        "policy = \"static\"\ninterval = \"100ms\"\n[fair_share]\ndevice_bandwidth = \"2MiB/s\"\n\
+         [[fair_share.instance]]\nname = \"agent\"\ndemand = \"1MiB/s\"\nchannel = \"c\"\nobject = \"drl\"\n\
+         [fleet]\nmetrics = \"127.0.0.1:0\"\n[[fleet.stage]]\nname = \"agent\"\nendpoint = \"unix:{}\"\n",
+        sock.display()
+    );
+    let fleet = kv_remote::Fleet::start(kv_remote::FleetConfig::parse(&fleet_file, "fleet.toml").unwrap()).unwrap();
+    let mut s = std::net::TcpStream::connect(fleet.metrics_addr().unwrap()).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    s.read_to_string(&mut text).unwrap();
+    drop(fleet.stop());
+
     let mut names = BTreeSet::new();
     let mut samples = BTreeSet::new();
     for l in text.lines() {

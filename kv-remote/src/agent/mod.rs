@@ -21,6 +21,7 @@ use crate::lease::Lease;
 use crate::pb::agent_auth_server::AgentAuthServer;
 use crate::pb::stage_agent_server::StageAgentServer;
 
+mod collector;
 mod endpoint;
 mod service;
 mod slot;
@@ -538,7 +539,7 @@ impl AgentBuilder {
                 }
                 let mut registry = prometheus_client::registry::Registry::default();
                 registry.register_collector(Box::new(stages));
-                registry.register_collector(Box::new(crate::metrics::AgentCollector {
+                registry.register_collector(Box::new(collector::AgentCollector {
                     name: label.clone(),
                     core: Arc::clone(&core),
                 }));
