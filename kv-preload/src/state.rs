@@ -442,7 +442,7 @@ fn start_watcher() {
                     Ok(Ok(msg)) => {
                         let at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
                         eprintln!(
-                            "kv-preload: {}: {msg} (applied at unix time {:.3} s)",
+                            "kv-preload: {}: {msg} (applied at unix time {:.6} s)",
                             path.display(),
                             at.as_secs_f64()
                         );

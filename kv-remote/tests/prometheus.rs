@@ -253,6 +253,29 @@ fn prometheus_scrapes_an_agent_and_a_controller() {
     assert_eq!(limit.first().map(|l| l.1), Some(2.0 * MIB), "the configured rate: {context}");
     let (b, a) = (cycles_before.first().map(|c| c.1), cycles_after.first().map(|c| c.1));
     assert!(matches!((b, a), (Some(b), Some(a)) if a > b), "the controller's cycles did not grow: {context}");
+
+    // Every query of the Grafana dashboard (the same as docs/monitoring.md's)
+    // is valid PromQL, and those over the tenant, the controller and the
+    // RocksDB have data.
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/grafana/kvsds.json")).unwrap(),
+    )
+    .unwrap();
+    let mut answered = 0;
+    for target in dash["panels"].as_array().unwrap().iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+        let expr = target["expr"].as_str().unwrap();
+        let result = query(prom, expr);
+        eprintln!("dashboard: {expr} -> {} series", result.len());
+        answered += usize::from(!result.is_empty());
+    }
+    for expr in [
+        "sum by (stage, context) (rate(kvsds_context_file_bytes_total[1m]))",
+        "sum by (kv_instance, branch) (rate(kvsds_controller_decisions_total[1m]))",
+        "kvsds_rocksdb_l0_files",
+    ] {
+        assert!(!query(prom, expr).is_empty(), "no data for the dashboard's `{expr}`: {context}");
+    }
+    assert!(answered >= 6, "only {answered} of the dashboard's queries had data: {context}");
 }
 
 #[test]
