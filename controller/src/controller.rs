@@ -4,7 +4,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -119,9 +118,9 @@ struct Shared {
     wake: Condvar,
     log: Mutex<VecDeque<DecisionRecord>>,
     changes: Mutex<Vec<Change>>,
-    cycles: AtomicU64,
-    policy_errors: AtomicU64,
-    /// What the metrics read, updated once per cycle.
+    /// What the loop counted (cycles, policy errors, ...): what
+    /// `cycles()`, `policy_errors()` and the metrics read, updated once per
+    /// cycle.
     stats: Arc<Mutex<CycleStats>>,
 }
 
@@ -273,8 +272,6 @@ impl ControllerBuilder {
             wake: Condvar::new(),
             log: Mutex::new(VecDeque::new()),
             changes: Mutex::new(Vec::new()),
-            cycles: AtomicU64::new(0),
-            policy_errors: AtomicU64::new(0),
             stats: Arc::new(Mutex::new(CycleStats {
                 policy: policy.name(),
                 instances: self.instances.len(),
@@ -382,7 +379,7 @@ impl LoopState {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let interval = self.last_cycle.map_or(Duration::ZERO, |t| now - t);
         self.last_cycle = Some(now);
-        let cycle = self.shared.cycles.load(Ordering::Relaxed);
+        let cycle = self.stats().cycles;
         let span = tracing::debug_span!("control_cycle", cycle, policy = self.policy.name());
         let _entered = span.enter();
 
@@ -412,7 +409,7 @@ impl LoopState {
         match outcome {
             Err(e) => {
                 // Keep the rates applied last: nothing is changed.
-                self.shared.policy_errors.fetch_add(1, Ordering::Relaxed);
+                self.stats().policy_errors += 1;
                 let error = Error::Policy { policy: self.policy.name(), error: e }.to_string();
                 tracing::warn!(%error, "policy failed; the previous rates stay");
                 record.error = Some(error);
@@ -555,7 +552,6 @@ impl LoopState {
         {
             let mut st = self.stats();
             st.record_cycle(took);
-            st.policy_errors = self.shared.policy_errors.load(Ordering::Relaxed);
             st.instances = self.instances.len();
             for (instance, branch) in branches {
                 st.record_branch(instance, branch);
@@ -587,7 +583,6 @@ impl LoopState {
                 "rate not applied"
             );
         }
-        self.shared.cycles.fetch_add(1, Ordering::Relaxed);
         if let Some(f) = &mut self.log_file
             && let Ok(line) = serde_json::to_string(&record)
         {
@@ -715,7 +710,7 @@ impl ControllerHandle {
 
     /// Cycles run so far.
     pub fn cycles(&self) -> u64 {
-        self.shared.cycles.load(Ordering::Relaxed)
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).cycles
     }
 }
 
@@ -739,12 +734,12 @@ impl Controller {
 
     /// Cycles run so far.
     pub fn cycles(&self) -> u64 {
-        self.shared.cycles.load(Ordering::Relaxed)
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).cycles
     }
 
     /// Cycles in which the policy failed (its previous rates were kept).
     pub fn policy_errors(&self) -> u64 {
-        self.shared.policy_errors.load(Ordering::Relaxed)
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).policy_errors
     }
 
     /// The loop's Prometheus metrics, to register in a registry (see

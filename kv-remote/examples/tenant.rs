@@ -90,14 +90,7 @@ impl Rng {
 fn main() {
     // Logs (the agent's lease fallbacks, refused connections) on stderr,
     // filtered by RUST_LOG.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    kv_remote::log_to_stderr();
     if let Err(e) = run() {
         eprintln!("tenant: {e}");
         std::process::exit(1);

@@ -75,3 +75,18 @@ pub const TOKEN_KEY: &str = "authorization";
 /// The metadata key naming the stage a call is for, on an agent serving
 /// several.
 pub const STAGE_KEY: &str = "kvsds-stage";
+
+/// For a binary (kvsds-controller, a service hosting an agent): prints
+/// this process's `tracing` events on stderr, filtered by `RUST_LOG`
+/// (default `info`), in color only on a terminal. The libraries only emit;
+/// a process that installed a subscriber already keeps it.
+pub fn log_to_stderr() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

@@ -10,11 +10,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod support;
 
 use kv_remote::{ClientOptions, Connector, Endpoint};
 use kv_stage::ObjectSpec;
+use support::tenant_exe;
 
 const MIB: f64 = 1048576.0;
 const INTERVAL_MS: u64 = 300;
@@ -23,36 +25,6 @@ const LEASE_MS: u64 = 900;
 /// they can get.
 const SHARES: [(&str, f64); 3] = [("t1", 0.5 * MIB), ("t2", 1.25 * MIB), ("t3", 1.25 * MIB)];
 const SHARES_WITHOUT_T2: [(&str, f64); 2] = [("t1", 0.5 * MIB), ("t3", 2.5 * MIB)];
-
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    match dir.file_name().and_then(|n| n.to_str()) {
-        Some("deps") => dir.parent().unwrap().to_owned(),
-        _ => dir.to_owned(),
-    }
-}
-
-/// The `tenant` example, built for this profile (cargo builds a package's
-/// binaries for its tests, not its examples).
-fn tenant_exe() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = profile_dir();
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "-p", "kv-remote", "--example", "tenant", "--target-dir"])
-                .arg(dir.parent().unwrap())
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-                cmd.arg("--release");
-            }
-            assert!(cmd.status().unwrap().success(), "cargo build --example tenant");
-            dir.join("examples/tenant")
-        })
-        .clone()
-}
 
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64

@@ -12,39 +12,13 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+mod support;
+
+use support::tenant_exe;
+
 const MIB: f64 = 1048576.0;
-
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    match dir.file_name().and_then(|n| n.to_str()) {
-        Some("deps") => dir.parent().unwrap().to_owned(),
-        _ => dir.to_owned(),
-    }
-}
-
-/// The `tenant` example, built for this profile.
-fn tenant_exe() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = profile_dir();
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "-p", "kv-remote", "--example", "tenant", "--target-dir"])
-                .arg(dir.parent().unwrap())
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
-                cmd.arg("--release");
-            }
-            assert!(cmd.status().unwrap().success(), "cargo build --example tenant");
-            dir.join("examples/tenant")
-        })
-        .clone()
-}
 
 /// Children killed on drop (also when an assertion fails).
 struct Procs(Vec<(&'static str, Child)>);

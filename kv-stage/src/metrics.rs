@@ -30,7 +30,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeCounterValue, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -337,11 +337,11 @@ pub fn family(
     samples(&mut m)
 }
 
-/// One counter sample with its labels.
-pub fn counter<const N: usize>(
+/// One counter sample with its labels (a count, or seconds as `f64`).
+pub fn counter<const N: usize, V: EncodeCounterValue + std::fmt::Debug>(
     m: &mut prometheus_client::encoding::MetricEncoder,
     labels: &[(&'static str, String); N],
-    value: u64,
+    value: V,
 ) -> Result<(), std::fmt::Error> {
     ConstCounter::new(value).encode(m.encode_family(labels)?)
 }

@@ -188,10 +188,7 @@ fn encode_scrapes(dbs: &[Scrape], mut e: DescriptorEncoder) -> Result<(), std::f
             |m| {
                 for s in dbs {
                     for (class, j) in &s.jobs {
-                        prometheus_client::encoding::EncodeMetric::encode(
-                            &prometheus_client::metrics::counter::ConstCounter::new(j.busy_ns as f64 * 1e-9),
-                            m.encode_family(&[db(s), ("class", (*class).to_owned())])?,
-                        )?;
+                        counter(m, &[db(s), ("class", (*class).to_owned())], j.busy_ns as f64 * 1e-9)?;
                     }
                 }
                 Ok(())
@@ -298,10 +295,7 @@ fn encode_scrapes(dbs: &[Scrape], mut e: DescriptorEncoder) -> Result<(), std::f
             |m| {
                 for s in dbs {
                     if let Some(secs) = s.stall_seconds {
-                        prometheus_client::encoding::EncodeMetric::encode(
-                            &prometheus_client::metrics::counter::ConstCounter::new(secs),
-                            m.encode_family(&[db(s)])?,
-                        )?;
+                        counter(m, &[db(s)], secs)?;
                     }
                 }
                 Ok(())

@@ -296,15 +296,6 @@ impl AgentBuilder {
         self
     }
 
-    /// Listens on `endpoint` and serves until the agent is dropped or shut
-    /// down. A Unix socket is created with mode 0600 from the start (a
-    /// stale socket file nobody listens on is replaced) and accepts peers
-    /// of the allowed uids only; a TCP listener needs a token, and must be
-    /// loopback unless [`allow_remote`](Self::allow_remote) is set.
-    pub fn serve(self, endpoint: &Endpoint) -> Result<StageAgent> {
-        self.serve_checked(endpoint)
-    }
-
     /// Also serves Prometheus metrics at `http://addr/metrics`: the stages'
     /// (`kvsds_channel_*`, `kvsds_object_*`, ... of
     /// [`kv_stage::metrics`]) and the agent's own (`kvsds_agent_*`). Off
@@ -330,7 +321,12 @@ impl AgentBuilder {
         self
     }
 
-    fn serve_checked(self, endpoint: &Endpoint) -> Result<StageAgent> {
+    /// Listens on `endpoint` and serves until the agent is dropped or shut
+    /// down. A Unix socket is created with mode 0600 from the start (a
+    /// stale socket file nobody listens on is replaced) and accepts peers
+    /// of the allowed uids only; a TCP listener needs a token, and must be
+    /// loopback unless [`allow_remote`](Self::allow_remote) is set.
+    pub fn serve(self, endpoint: &Endpoint) -> Result<StageAgent> {
         if self.max_message < 1024 {
             return Err(Error::Agent(format!("max_message_size {} is below 1 KiB", self.max_message)));
         }

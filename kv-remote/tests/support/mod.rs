@@ -1,10 +1,13 @@
-//! What the agent tests share: the stage they serve, reading its DRL,
+//! What the kv-remote tests share: the stage they serve, reading its DRL,
 //! polling for a condition, and a gRPC call made by hand over HTTP/2 (a
-//! body of the test's choosing, on any stream).
+//! body of the test's choosing, on any stream), and the `tenant` example
+//! built for this profile.
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kv_stage::{DrlSpec, Match, ObjectSpec, RequestContext, Rule, Stage, units::Rate};
@@ -98,4 +101,35 @@ pub fn frame(msg: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     f.extend_from_slice(msg);
     f
+}
+
+/// The target directory of the profile the tests were built with.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("deps") => dir.parent().unwrap().to_owned(),
+        _ => dir.to_owned(),
+    }
+}
+
+/// The `tenant` example, built for this profile (cargo builds a package's
+/// binaries for its tests, not its examples).
+pub fn tenant_exe() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = profile_dir();
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "--quiet", "-p", "kv-remote", "--example", "tenant", "--target-dir"])
+                .arg(dir.parent().unwrap())
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
+                cmd.arg("--release");
+            }
+            assert!(cmd.status().unwrap().success(), "cargo build --example tenant");
+            dir.join("examples/tenant")
+        })
+        .clone()
 }
