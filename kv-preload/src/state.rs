@@ -2,7 +2,7 @@
 //! file volumes descriptors are classified into, and what keeps them right
 //! across reloads and forks.
 //!
-//! Its few messages go to stderr with `eprintln!`, not `tracing`: the
+//! Its few messages go to stderr with [`say!`], not `tracing`: the
 //! library runs inside an unmodified program (cp, fio, a database) that
 //! installs no `tracing` subscriber, so a `tracing` event would be lost,
 //! and installing a global subscriber into someone else's process could
@@ -17,6 +17,20 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+
+/// One line on stderr, prefixed `kv-preload: `, written with one `write(2)`.
+///
+/// `eprintln!` writes each formatted piece on its own, so the lines of
+/// several processes sharing one stderr (fio's job processes do) came out
+/// interleaved mid-line; a whole line under `PIPE_BUF` (4 KiB) written at
+/// once stays whole on a pipe. Never on the I/O path: it allocates.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("kv-preload: {}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
 
 use kv_stage::iomax::DeviceNumber;
 use kv_stage::volumes::VOLUME_OBJECT;
@@ -157,11 +171,7 @@ fn canonical_or_planned(p: &Path) -> PathBuf {
                 _ => {}
             }
         }
-        eprintln!(
-            "kv-preload: volume path {} does not exist yet; files made there later are limited as {}",
-            p.display(),
-            out.display()
-        );
+        say!("volume path {} does not exist yet; files made there later are limited as {}", p.display(), out.display());
         return out;
     }
     p.to_path_buf()
@@ -181,7 +191,7 @@ fn is_file_volume(v: &Volume) -> bool {
 /// the program with one line on stderr, unless `KVSDS_ON_ERROR=passthrough`.
 pub(crate) fn init() {
     let Some(path) = std::env::var_os("KVSDS_RULES") else {
-        eprintln!("kv-preload: KVSDS_RULES is not set; no volume is limited");
+        say!("KVSDS_RULES is not set; no volume is limited");
         return;
     };
     let path = PathBuf::from(path);
@@ -205,12 +215,10 @@ pub(crate) fn init() {
 
 fn refuse(msg: &str) {
     if std::env::var_os("KVSDS_ON_ERROR").as_deref() == Some(OsStr::new("passthrough")) {
-        eprintln!("kv-preload: {msg}; KVSDS_ON_ERROR=passthrough: running WITHOUT limits");
+        say!("{msg}; KVSDS_ON_ERROR=passthrough: running WITHOUT limits");
         return;
     }
-    eprintln!(
-        "kv-preload: {msg} (not started: fix the rules, or set KVSDS_ON_ERROR=passthrough to run without limits)"
-    );
+    say!("{msg} (not started: fix the rules, or set KVSDS_ON_ERROR=passthrough to run without limits)");
     // SAFETY: ends the process at once, before main; nothing to unwind.
     unsafe { libc::_exit(EXIT_CONFIG) };
 }
@@ -400,7 +408,7 @@ extern "C" fn after_fork_child() {
             let seen = *st.seen.lock().unwrap_or_else(|e| e.into_inner());
             match State::build(rules, st.source.clone(), seen) {
                 Ok(new) => STATE.store(Box::into_raw(Box::new(new)), Ordering::Release),
-                Err(e) => eprintln!("kv-preload: forked child keeps its parent's stage: {e}"),
+                Err(e) => say!("forked child keeps its parent's stage: {e}"),
             }
             NEED_WATCHER.store(true, Ordering::Relaxed);
         }
@@ -441,22 +449,18 @@ fn start_watcher() {
                 match r {
                     Ok(Ok(msg)) => {
                         let at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-                        eprintln!(
-                            "kv-preload: {}: {msg} (applied at unix time {:.6} s)",
-                            path.display(),
-                            at.as_secs_f64()
-                        );
+                        say!("{}: {msg} (applied at unix time {:.6} s)", path.display(), at.as_secs_f64());
                     }
                     Ok(Err(msg)) => {
-                        eprintln!("kv-preload: {}: not reloaded, limits unchanged: {msg}", path.display())
+                        say!("{}: not reloaded, limits unchanged: {msg}", path.display())
                     }
-                    Err(_) => eprintln!("kv-preload: {}: reload failed, limits unchanged", path.display()),
+                    Err(_) => say!("{}: reload failed, limits unchanged", path.display()),
                 }
             }
         }
     });
     if let Err(e) = spawned {
-        eprintln!("kv-preload: no live reload: cannot start its thread: {e}");
+        say!("no live reload: cannot start its thread: {e}");
     }
 }
 
