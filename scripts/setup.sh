@@ -17,6 +17,8 @@ if [ -z "${PROTOC:-}" ] && ! command -v protoc >/dev/null; then
 fi
 # The monitoring test runs a real Prometheus and lints with promtool.
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need+=(prometheus)
+# The fleet-in-etcd tests start their own etcd server.
+command -v etcd >/dev/null || need+=(etcd-server)
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -114,7 +114,10 @@ enum Change {
 }
 
 struct Shared {
+    /// Whether to stop; and, under the same lock, whether to run the next
+    /// cycle now (`Controller::cycle_now`).
     stop: Mutex<bool>,
+    soon: std::sync::atomic::AtomicBool,
     wake: Condvar,
     log: Mutex<VecDeque<DecisionRecord>>,
     changes: Mutex<Vec<Change>>,
@@ -269,6 +272,7 @@ impl ControllerBuilder {
         };
         let shared = Arc::new(Shared {
             stop: Mutex::new(false),
+            soon: std::sync::atomic::AtomicBool::new(false),
             wake: Condvar::new(),
             log: Mutex::new(VecDeque::new()),
             changes: Mutex::new(Vec::new()),
@@ -334,7 +338,8 @@ impl LoopState {
                         return;
                     }
                     let now = Instant::now();
-                    if now >= next {
+                    if now >= next || self.shared.soon.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                        next = now;
                         break;
                     }
                     stop = self.shared.wake.wait_timeout(stop, next - now).unwrap_or_else(|e| e.into_inner()).0;
@@ -768,6 +773,15 @@ impl Controller {
     /// An instance leaves; its share is redistributed at the next cycle.
     pub fn leave(&self, name: &str) {
         self.shared.changes.lock().unwrap_or_else(|e| e.into_inner()).push(Change::Leave(name.to_owned()));
+    }
+
+    /// Runs the next cycle now instead of at its time (the schedule goes
+    /// on from it): for a controller that just took over stages and should
+    /// not leave them to their fallback for up to an interval more.
+    pub fn cycle_now(&self) {
+        let _held = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.soon.store(true, std::sync::atomic::Ordering::Release);
+        self.shared.wake.notify_all();
     }
 
     /// Stops the loop and returns the decision log. Rates stay as last set.

@@ -74,6 +74,16 @@ struct Args {
     /// stderr.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// Register the stage in etcd at these endpoints (comma-separated),
+    /// for a controller elected there (see `kvsds-controller --etcd`).
+    #[arg(long)]
+    etcd: Option<String>,
+    /// The fleet's key prefix in etcd.
+    #[arg(long, default_value = "/kvsds")]
+    etcd_prefix: String,
+    /// The registration's etcd lease TTL (whole seconds).
+    #[arg(long, default_value = "2s")]
+    etcd_ttl: String,
 }
 
 /// A small xorshift generator (the load needs no more).
@@ -117,7 +127,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         matches: Some(Match::context(RequestContext::FOREGROUND)),
     });
     stage.apply(&RuleSet::from_rules(rules))?;
-    let drl = stage.object(&layout.foreground(), "drl").ok_or("no foreground/drl")?;
+    stage.object(&layout.foreground(), "drl").ok_or("no foreground/drl")?;
 
     let scratch = match &args.db {
         Some(_) => None,
@@ -151,6 +161,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("tenant {}: metrics at http://{addr}/metrics", args.name);
     }
     eprintln!("tenant {}: pid {}, agent on {}, load for {duration:?}", args.name, std::process::id(), agent.endpoint());
+    // Dropped before the agent: the key vanishes at once on a clean exit.
+    let registration = match &args.etcd {
+        Some(list) => {
+            let ttl = kv_stage::units::parse_duration(&args.etcd_ttl).map_err(|e| format!("--etcd-ttl: {e}"))?;
+            let etcd = kv_remote::etcd::EtcdConfig::new(kv_remote::etcd::EtcdConfig::parse_endpoints(list)?)
+                .with_prefix(args.etcd_prefix.clone())
+                .with_ttl(ttl);
+            let labels = [("tenant".to_owned(), args.name.clone())].into_iter().collect();
+            Some(agent.register(etcd, labels)?)
+        }
+        None => None,
+    };
 
     let stop = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&stop);
@@ -185,7 +207,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let n = ops.load(Ordering::Relaxed);
         let bytes = stage.collect().channel(&layout.foreground()).unwrap_or_default().bytes;
         let dt = now.duration_since(last.0).as_secs_f64().max(1e-9);
-        let rate = match drl.spec() {
+        let st = agent.stats();
+        // Looked up each time: a lease's fallback (restore) may make the
+        // object again, and a handle to the old one would show its old rate.
+        let rate = match stage.object(&layout.foreground(), "drl").and_then(|o| o.spec()) {
             Some(ObjectSpec::Drl(s)) if !s.rate.is_unlimited() => serde_json::json!(s.rate.per_sec()),
             _ => serde_json::json!("unlimited"),
         };
@@ -198,6 +223,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 "fg_bytes_per_sec": ((bytes - last.2) as f64 / dt).round(),
                 "drl_rate_bps": rate,
                 "errors": errors.load(Ordering::Relaxed),
+                "term": st.term,
+                "change_term": st.change_term,
+                "refused_term": st.refused_term,
+                "registered": registration.as_ref().map(kv_remote::etcd::Registration::is_registered),
             })
         );
         last = (now, n, bytes);
@@ -206,6 +235,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for w in workers {
         let _ = w.join();
     }
+    drop(registration);
     drop(agent);
     eprintln!(
         "tenant {}: done, {} ops, {} errors",

@@ -38,4 +38,12 @@ pub enum Error {
         /// What is wrong, naming the key.
         message: String,
     },
+    /// etcd could not be reached, or a key's value is invalid (named).
+    #[error("etcd {key}: {message}")]
+    Etcd {
+        /// The key (or the endpoints, for a connection).
+        key: String,
+        /// What went wrong.
+        message: String,
+    },
 }

@@ -145,13 +145,28 @@ impl FleetConfig {
 
     /// Parses a fleet file's text (`source` names it in errors).
     pub fn parse(text: &str, source: &str) -> Result<Self> {
+        Self::parse_with(text, source, false)
+    }
+
+    /// Parses a policy kept in etcd (`source` names its key): a fleet
+    /// file whose `[fleet]` table is optional and may list no stage, the
+    /// stages being those registered.
+    pub fn parse_policy(text: &str, source: &str) -> Result<Self> {
+        Self::parse_with(text, source, true)
+    }
+
+    fn parse_with(text: &str, source: &str, discovered: bool) -> Result<Self> {
         let err = |message: String| Error::Fleet { path: source.to_owned(), message };
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| err(e.to_string()))?;
-        let fleet_value = table.remove("fleet").ok_or_else(|| err("no [fleet] table".into()))?;
+        let fleet_value = match table.remove("fleet") {
+            Some(v) => v,
+            None if discovered => toml::Value::Table(toml::Table::new()),
+            None => return Err(err("no [fleet] table".into())),
+        };
         let fleet: FleetSection = fleet_value.try_into().map_err(|e: toml::de::Error| err(format!("fleet: {e}")))?;
         let rest = toml::to_string(&table).map_err(|e| err(e.to_string()))?;
         let controller = ControllerConfig::from_toml(&rest).map_err(|e| err(e.to_string()))?;
-        if fleet.stage.is_empty() && fleet.host.is_empty() {
+        if fleet.stage.is_empty() && fleet.host.is_empty() && !discovered {
             return Err(err("fleet: list at least one [[fleet.stage]] or [[fleet.host]]".into()));
         }
         let mut units = Vec::new();
@@ -276,9 +291,23 @@ struct Unit {
     /// its backoff reset; one that leaves sooner keeps doubling it).
     joined_at: Option<Instant>,
     last_error: Option<String>,
+    /// The etcd key it was registered under (`None`: from the file).
+    source: Option<String>,
 }
 
 impl Unit {
+    fn new(config: UnitConfig, min: Duration, source: Option<String>) -> Unit {
+        Unit {
+            config,
+            joined: Vec::new(),
+            next_try: Instant::now(),
+            backoff: min,
+            joined_at: None,
+            last_error: None,
+            source,
+        }
+    }
+
     fn label(&self) -> String {
         match &self.config.single {
             Some((name, _)) => name.clone(),
@@ -311,8 +340,20 @@ impl Fleet {
     /// connects to every member. Joins, leaves and connection errors are
     /// logged through `tracing`.
     pub fn start(config: FleetConfig) -> Result<Fleet> {
+        Self::start_with(config, None, None)
+    }
+
+    /// Starts a fleet whose calls carry leadership `term`, and whose
+    /// members are also the stages `registered` in etcd (joined when their
+    /// key appears, dropped when it vanishes).
+    pub(crate) fn start_with(
+        config: FleetConfig,
+        term: Option<u64>,
+        registered: Option<Arc<crate::etcd::Watched>>,
+    ) -> Result<Fleet> {
         let lease = config.lease();
         let options = ClientOptions {
+            term,
             token: config.token.clone(),
             timeout: config.fleet.timeout.unwrap_or(Duration::from_secs(1)),
             lease,
@@ -328,18 +369,7 @@ impl Fleet {
             .map_err(|e| Error::Fleet { path: "controller".into(), message: e.to_string() })?;
         let min = config.fleet.reconnect_min.unwrap_or(Duration::from_millis(100));
         let max = config.fleet.reconnect_max.unwrap_or(Duration::from_secs(5)).max(min);
-        let units: Vec<Unit> = config
-            .units
-            .iter()
-            .map(|u| Unit {
-                config: u.clone(),
-                joined: Vec::new(),
-                next_try: Instant::now(),
-                backoff: min,
-                joined_at: None,
-                last_error: None,
-            })
-            .collect();
+        let units: Vec<Unit> = config.units.iter().map(|u| Unit::new(u.clone(), min, None)).collect();
         let status = Arc::new(Mutex::new(
             units
                 .iter()
@@ -371,6 +401,8 @@ impl Fleet {
             max,
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
+            registered,
+            registered_seen: u64::MAX,
         };
         let thread = std::thread::Builder::new()
             .name("fleet-supervisor".into())
@@ -428,6 +460,10 @@ struct Supervisor {
     max: Duration,
     status: Arc<Mutex<Vec<MemberStatus>>>,
     stop: Arc<AtomicBool>,
+    /// The registrations in etcd, when the fleet is kept there.
+    registered: Option<Arc<crate::etcd::Watched>>,
+    /// The generation of `registered` last synced.
+    registered_seen: u64,
 }
 
 fn unix_ms() -> u128 {
@@ -438,10 +474,87 @@ impl Supervisor {
     fn run(&mut self) {
         while !self.stop.load(Ordering::Relaxed) {
             let now = Instant::now();
+            self.sync_registered();
             for i in 0..self.units.len() {
                 self.tend(i, now);
             }
             std::thread::sleep(SUPERVISE_EVERY);
+        }
+    }
+
+    /// Adds a unit for each stage registered in etcd that has none, and
+    /// drops (leaving the policy) each whose key vanished or moved.
+    fn sync_registered(&mut self) {
+        let Some(w) = &self.registered else { return };
+        let generation = w.generation();
+        if generation == self.registered_seen || !w.synced() {
+            return;
+        }
+        self.registered_seen = generation;
+        let entries = w.snapshot();
+        let mut wanted: Vec<(String, crate::etcd::Registered)> = Vec::new();
+        for (key, value) in &entries {
+            match serde_json::from_slice::<crate::etcd::Registered>(value) {
+                Ok(r) => wanted.push((key.clone(), r)),
+                Err(e) => tracing::warn!(key = key.as_str(), "etcd key {key}: not a registration, ignored: {e}"),
+            }
+        }
+        let mut i = 0;
+        while i < self.units.len() {
+            let keep = match &self.units[i].source {
+                None => true,
+                Some(key) => wanted.iter().any(|(k, r)| {
+                    k == key && Some(r.endpoint.as_str()) == Some(self.units[i].config.endpoint.to_string().as_str())
+                }),
+            };
+            if keep {
+                i += 1;
+                continue;
+            }
+            let u = self.units.remove(i);
+            for (name, _) in u.joined {
+                self.controller.leave(&name);
+                tracing::info!(
+                    instance = name.as_str(),
+                    "{name} left at unix ms {} (its etcd key vanished)",
+                    unix_ms()
+                );
+                self.set_status(&name, |s| {
+                    s.joined = false;
+                    s.pid = None;
+                    s.leaves += 1;
+                });
+            }
+        }
+        for (key, r) in wanted {
+            if self.units.iter().any(|u| u.source.as_deref() == Some(key.as_str())) {
+                continue;
+            }
+            if self.units.iter().any(|u| u.config.single.as_ref().is_some_and(|(n, _)| n == &r.stage)) {
+                tracing::warn!(
+                    key = key.as_str(),
+                    "stage '{}' is registered and also listed in [fleet]; the list wins",
+                    r.stage
+                );
+                continue;
+            }
+            let endpoint = match r.endpoint.parse::<Endpoint>() {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(key = key.as_str(), "etcd key {key}: endpoint: {e}; ignored");
+                    continue;
+                }
+            };
+            tracing::info!(
+                key = key.as_str(),
+                pid = r.pid,
+                host = r.host.as_str(),
+                "stage '{}' registered at {endpoint}",
+                r.stage
+            );
+            let config = UnitConfig { endpoint, single: Some((r.stage.clone(), Some(r.stage.clone()))), names: None };
+            self.units.push(Unit::new(config, self.min, Some(key)));
+            self.set_status(&r.stage, |_| {});
         }
     }
 
@@ -643,6 +756,22 @@ fn after_leave(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_in_etcd_needs_no_stage_list_and_a_bad_one_names_its_key() {
+        let text = "policy = \"silk\"\ninterval = \"200ms\"\n";
+        let e = FleetConfig::parse(text, "fleet.toml").unwrap_err().to_string();
+        assert!(e.contains("fleet.toml: no [fleet] table"), "{e}");
+        let c = FleetConfig::parse_policy(text, "/kvsds/policy").unwrap();
+        assert!(c.units.is_empty());
+        assert_eq!(c.lease(), Duration::from_millis(600));
+        let e = FleetConfig::parse_policy("policy = \"fastest\"\n", "/kvsds/policy").unwrap_err().to_string();
+        assert!(e.starts_with("/kvsds/policy: "), "{e}");
+        let e = FleetConfig::parse_policy(&format!("{text}[fleet]\nlease = \"100ms\"\n"), "/kvsds/policy")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/kvsds/policy: fleet.lease"), "{e}");
+    }
 
     #[test]
     fn a_member_that_joins_and_fails_backs_off_more_each_time() {

@@ -16,6 +16,12 @@
 //! policy when it answers and drops it when it does not, reconnecting with
 //! backoff.
 //!
+//! A fleet can also live in etcd ([`etcd`]): agents register their stages
+//! ([`StageAgent::register`]), several controllers elect a leader
+//! ([`ElectedController`], `kvsds-controller --etcd`) that runs the policy
+//! kept under a key, and every call carries the leader's term
+//! ([`TERM_KEY`]), so a deposed leader is refused.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use controller::StageHandle;
@@ -46,7 +52,9 @@
 mod agent;
 mod auth;
 mod convert;
+mod elected;
 mod error;
+pub mod etcd;
 mod fleet;
 mod lease;
 pub mod metrics;
@@ -62,6 +70,7 @@ pub use agent::{
     AgentBuilder, AgentLimits, AgentStats, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LEASE,
     DEFAULT_MAX_MESSAGE, DEFAULT_MIN_LEASE, Endpoint, Fallback, StageAgent,
 };
+pub use elected::{ElectedController, ElectedOptions, Leadership};
 pub use error::{Error, Result};
 pub use fleet::{Fleet, FleetConfig, FleetSection, HostConfig, MemberConfig, MemberStatus, UnitConfig};
 pub use remote::{ClientOptions, Connector, ObjectSetting, RemoteStage};
@@ -75,6 +84,12 @@ pub const TOKEN_KEY: &str = "authorization";
 /// The metadata key naming the stage a call is for, on an agent serving
 /// several.
 pub const STAGE_KEY: &str = "kvsds-stage";
+/// The metadata key carrying the caller's leadership term (a decimal
+/// number: the etcd election's revision). An agent refuses a call whose
+/// term is older than the newest it has seen (FAILED_PRECONDITION), so a
+/// deposed leader cannot overwrite the new one's rates; a call without a
+/// term (a fleet file's controller, a tool) is not fenced.
+pub const TERM_KEY: &str = "kvsds-term";
 
 /// For a binary (kvsds-controller, a service hosting an agent): prints
 /// this process's `tracing` events on stderr, filtered by `RUST_LOG`

@@ -47,6 +47,10 @@ pub struct ClientOptions {
     pub max_message: usize,
     /// The protocol version sent (tests set another to see it refused).
     pub protocol_version: u32,
+    /// The leadership term every call carries (`kvsds-term`), for a
+    /// controller elected through etcd; agents refuse a term older than
+    /// the newest they have seen. `None`: calls carry no term.
+    pub term: Option<u64>,
 }
 
 impl Default for ClientOptions {
@@ -58,6 +62,7 @@ impl Default for ClientOptions {
             lease: Duration::from_secs(10),
             max_message: crate::agent::DEFAULT_MAX_MESSAGE,
             protocol_version: PROTOCOL_VERSION,
+            term: None,
         }
     }
 }
@@ -290,6 +295,7 @@ async fn challenge(
     if let Ok(v) = opts.protocol_version.to_string().parse() {
         req.metadata_mut().insert(PROTOCOL_VERSION_KEY, v);
     }
+    insert_term(opts, req.metadata_mut());
     let reply = AgentAuthClient::new(channel.clone()).challenge(req).await.map_err(|s| match s.code() {
         tonic::Code::Unimplemented => "the agent does not answer token challenges (it is older than this client, or not a kvsds agent): not sending it anything".to_owned(),
         _ => format!("token challenge: {}", status_message(&s)),
@@ -637,7 +643,14 @@ fn request<T>(
     if let Some(c) = credential {
         md.insert(TOKEN_KEY, c.clone());
     }
+    insert_term(o, md);
     r
+}
+
+fn insert_term(o: &ClientOptions, md: &mut tonic::metadata::MetadataMap) {
+    if let Some(v) = o.term.and_then(|t| t.to_string().parse().ok()) {
+        md.insert(crate::TERM_KEY, v);
+    }
 }
 
 /// A change on the wire: a DRL's rate alone goes as a number, anything

@@ -398,3 +398,38 @@ fn one_agent_serves_several_stages_and_reads_them_in_one_call() {
     let used = agent.stats().calls - calls;
     assert!(used < log.len() as u64 + 10, "{used} calls for {} cycles", log.len());
 }
+
+#[test]
+fn a_call_with_an_older_term_is_refused_and_counted_and_changes_nothing() {
+    let s = stage("fenced");
+    let agent = tcp_agent(&s);
+    let with_term = |t: Option<u64>| connector(|o| o.term = t).connect(agent.endpoint()).unwrap();
+    let rate = |r: &str| ObjectChange::rate(r.parse().unwrap());
+    // The old leader sets a rate, then the new one connects (its handshake
+    // already raises the agent's term) and sets its own.
+    let old = with_term(Some(5));
+    old.configure("fg", "drl", &rate("2MiB/s")).unwrap();
+    assert_eq!(agent.stats().change_term, 5);
+    let new = with_term(Some(7));
+    assert_eq!(agent.stats().term, 7);
+    new.configure("fg", "drl", &rate("4MiB/s")).unwrap();
+    assert_eq!((agent.stats().term, agent.stats().change_term), (7, 7));
+    // The old one, woken: its change, its collects and its rules are refused.
+    let e = old.configure("fg", "drl", &rate("1MiB/s")).unwrap_err().to_string();
+    assert!(e.contains("term 5 is older than term 7"), "{e}");
+    assert!(old.collect_now().is_err(), "a deposed leader's collect would renew its lease");
+    let rules = "[[rules]]\nop = \"configure\"\nchannel = \"fg\"\nobject = \"drl\"\nset = { rate = \"1MiB/s\" }\n";
+    assert!(old.apply_text(rules, RulesFormat::Toml, "old.toml").is_err());
+    assert_eq!(drl_rate(&s), "4MiB/s".parse().unwrap(), "the new leader's rate stays");
+    let st = agent.stats();
+    assert_eq!((st.refused_term, st.term, st.change_term), (3, 7, 7), "{st:?}");
+    // A call with no term (a fleet file's controller, a tool) is not fenced.
+    let none = with_term(None);
+    none.configure("fg", "drl", &rate("3MiB/s")).unwrap();
+    assert_eq!(drl_rate(&s), "3MiB/s".parse().unwrap());
+    // A term that is not a number is refused as such.
+    let mut req = new.raw_request(pb::CollectRequest { lease_ms: 0, with_settings: false });
+    req.metadata_mut().insert(kv_remote::TERM_KEY, "soon".parse().unwrap());
+    let status = new.block_on(new.raw_client().collect(req)).unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+}

@@ -37,11 +37,19 @@ impl Collector for AgentCollector {
                     ("version", s.refused_version),
                     ("invalid", s.refused_invalid),
                     ("connection", s.refused_connections),
+                    ("term", s.refused_term),
                 ] {
                     counter(m, &[agent(), ("reason", reason.to_owned())], n)?;
                 }
                 Ok(())
             },
+        )?;
+        family(
+            &mut e,
+            "kvsds_agent_term",
+            "The newest leadership term a controller's call carried (0: none carried one); older terms are refused.",
+            MetricType::Gauge,
+            |m| gauge(m, &[agent()], s.term as f64),
         )?;
         family(
             &mut e,

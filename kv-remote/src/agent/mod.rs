@@ -120,6 +120,14 @@ pub struct AgentStats {
     pub fallbacks: u64,
     /// Whether a lease is held now.
     pub leased: bool,
+    /// The newest leadership term a call carried (0: none carried one).
+    pub term: u64,
+    /// Calls refused because their term was older than `term` (a deposed
+    /// controller's).
+    pub refused_term: u64,
+    /// The term of the last change applied (configure, rules), 0 when it
+    /// carried none.
+    pub change_term: u64,
 }
 
 /// Default cap on a message's size, either way (4 MiB: a stage's layout
@@ -427,6 +435,9 @@ impl AgentBuilder {
             refused_token: AtomicU64::new(0),
             refused_version: AtomicU64::new(0),
             refused_stage: AtomicU64::new(0),
+            term: AtomicU64::new(0),
+            refused_term: AtomicU64::new(0),
+            change_term: AtomicU64::new(0),
             refused_connections: Arc::new(AtomicU64::new(0)),
             idle_closed: Arc::new(AtomicU64::new(0)),
         });
@@ -634,6 +645,35 @@ impl StageAgent {
         self.metrics.as_ref().map(crate::metrics::MetricsServer::local_addr)
     }
 
+    /// Registers every stage it serves in etcd, one key each under
+    /// `<prefix>/stages/` (see [`crate::etcd`]), with `labels`, kept
+    /// alive while the returned [`Registration`](crate::etcd::Registration)
+    /// lives: a controller elected through etcd then finds the stages
+    /// without a fleet file. Drop the registration before the agent (its
+    /// keys vanish at once); a process that dies loses them within the TTL.
+    pub fn register(
+        &self,
+        etcd: crate::etcd::EtcdConfig,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<crate::etcd::Registration> {
+        let records = self
+            .core
+            .slots
+            .iter()
+            .map(|s| {
+                let info = s.stage.stage_info();
+                crate::etcd::Registered {
+                    stage: info.name,
+                    host: info.host,
+                    pid: info.pid,
+                    endpoint: self.endpoint.to_string(),
+                    labels: labels.clone(),
+                }
+            })
+            .collect();
+        crate::etcd::Registration::start(etcd, records)
+    }
+
     /// What it counted so far.
     pub fn stats(&self) -> AgentStats {
         stats_of(&self.core)
@@ -679,5 +719,8 @@ pub(crate) fn stats_of(c: &Core) -> AgentStats {
         refused_connections: c.refused_connections.load(Ordering::Relaxed),
         idle_closed: c.idle_closed.load(Ordering::Relaxed),
         leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline().is_some()),
+        term: c.term.load(Ordering::Relaxed),
+        refused_term: c.refused_term.load(Ordering::Relaxed),
+        change_term: c.change_term.load(Ordering::Relaxed),
     }
 }

@@ -115,6 +115,7 @@ impl StageAgentService for Service {
         req: Request<pb::ApplyRulesRequest>,
     ) -> std::result::Result<Response<pb::ApplyRulesReply>, Status> {
         let s = self.core.slot(req.metadata())?;
+        let term = self.core.fence(req.metadata())?;
         let r = req.into_inner();
         let format = match pb::RulesFormat::try_from(r.format) {
             Ok(pb::RulesFormat::Toml) => RulesFormat::Toml,
@@ -135,6 +136,7 @@ impl StageAgentService for Service {
         // between the checkpoint and the change.
         let mut lease = s.lease.lock().unwrap_or_else(|e| e.into_inner());
         s.check_rules(&rules).map_err(|m| s.invalid(Status::invalid_argument(m)))?;
+        self.core.fence_change(term)?;
         let taken = s.checkpoint_for(&lease, r.lease_ms);
         // Nothing applied on an error: the lease stays as it was.
         let report = s.stage.apply(&rules).map_err(|e| s.invalid(stage_status(&e)))?;
@@ -151,6 +153,7 @@ impl StageAgentService for Service {
         req: Request<pb::ConfigureRequest>,
     ) -> std::result::Result<Response<pb::ConfigureReply>, Status> {
         let s = self.core.slot(req.metadata())?;
+        let term = self.core.fence(req.metadata())?;
         let r = req.into_inner();
         s.check_lease_ms(r.lease_ms)?;
         let Some(handle) = s.stage.object(&r.channel, &r.object) else {
@@ -177,6 +180,7 @@ impl StageAgentService for Service {
         s.check_config(&format!("{}/{}", r.channel, r.object), handle.spec().as_ref(), &set)
             .map_err(|m| s.invalid(Status::invalid_argument(m)))?;
         let mut lease = s.lease.lock().unwrap_or_else(|e| e.into_inner());
+        self.core.fence_change(term)?;
         let taken = s.checkpoint_for(&lease, r.lease_ms);
         handle.configure(&set).map_err(|e| s.invalid(stage_status(&e)))?;
         s.take_lease(&mut lease, r.lease_ms, taken);

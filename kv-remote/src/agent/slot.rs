@@ -19,7 +19,7 @@ use crate::auth::{self, AgentKeys, same};
 use crate::convert;
 use crate::lease::{FALLBACK_RETRY, Lease};
 use crate::pb;
-use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, STAGE_KEY, TOKEN_KEY};
+use crate::{PROTOCOL_VERSION, PROTOCOL_VERSION_KEY, STAGE_KEY, TERM_KEY, TOKEN_KEY};
 
 use super::{AgentLimits, Fallback};
 
@@ -36,6 +36,11 @@ pub(crate) struct Core {
     pub(super) refused_token: AtomicU64,
     pub(super) refused_version: AtomicU64,
     pub(super) refused_stage: AtomicU64,
+    /// The newest leadership term a call carried (fencing).
+    pub(super) term: AtomicU64,
+    pub(super) refused_term: AtomicU64,
+    /// The term of the last change applied.
+    pub(super) change_term: AtomicU64,
     pub(super) refused_connections: Arc<AtomicU64>,
     pub(super) idle_closed: Arc<AtomicU64>,
 }
@@ -80,7 +85,43 @@ impl Core {
                 }));
             }
         }
-        self.speaks(req.metadata())
+        self.speaks(req.metadata())?;
+        self.fence(req.metadata()).map(|_| ())
+    }
+
+    /// The call's term, when it carries one: refused if older than the
+    /// newest seen, which it raises otherwise.
+    pub(super) fn fence(&self, md: &tonic::metadata::MetadataMap) -> std::result::Result<Option<u64>, Status> {
+        let Some(v) = md.get(TERM_KEY) else { return Ok(None) };
+        let Some(term) = v.to_str().ok().and_then(|t| t.parse::<u64>().ok()) else {
+            return Err(Status::invalid_argument(format!("`{TERM_KEY}` metadata: not a number")));
+        };
+        let newest = self.term.fetch_max(term, Ordering::AcqRel).max(term);
+        self.check_term(Some(term), newest)?;
+        Ok(Some(term))
+    }
+
+    /// Refuses `term` if it is older than `newest` (counted and logged).
+    fn check_term(&self, term: Option<u64>, newest: u64) -> std::result::Result<(), Status> {
+        match term {
+            Some(t) if t < newest => {
+                self.refused_term.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(term = t, newest, "refused a call from a deposed controller");
+                Err(Status::failed_precondition(format!(
+                    "term {t} is older than term {newest}, which this agent has seen: a newer controller leads"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks a change's term again under the stage's lease lock, right
+    /// before it is applied (a newer leader's call may have come in since
+    /// the call was admitted), and records it as the last change's term.
+    pub(super) fn fence_change(&self, term: Option<u64>) -> std::result::Result<(), Status> {
+        self.check_term(term, self.term.load(Ordering::Acquire))?;
+        self.change_term.store(term.unwrap_or(0), Ordering::Relaxed);
+        Ok(())
     }
 
     /// The protocol version a call asks for is ours.
