@@ -163,6 +163,9 @@ fn run_elected(args: &Args, list: &str) -> Result<(), Box<dyn std::error::Error>
     let ttl = kv_stage::units::parse_duration(&args.etcd_ttl).map_err(|e| format!("--etcd-ttl: {e}"))?;
     let etcd = EtcdConfig::new(EtcdConfig::parse_endpoints(list)?).with_prefix(args.etcd_prefix.clone()).with_ttl(ttl);
     etcd.validate()?;
+    if args.check {
+        return Err("--check checks a fleet file (--config); with --etcd, --put-policy FILE checks a policy before it writes it".into());
+    }
     if let Some(file) = &args.put_policy {
         let text = std::fs::read_to_string(file).map_err(|e| format!("--put-policy: {}: {e}", file.display()))?;
         FleetConfig::parse_policy(&text, &file.display().to_string())?;
