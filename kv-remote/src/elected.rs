@@ -19,9 +19,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use kv_stage::metrics::{counter, family, gauge};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+
 use crate::error::{Error, Result};
 use crate::etcd::{EtcdConfig, Watch, runtime, sleep_unless};
-use crate::fleet::{Fleet, FleetConfig};
+use crate::fleet::{Fleet, FleetCollector, FleetConfig};
+use crate::metrics::MetricsServer;
 
 /// How an elected controller runs.
 #[derive(Debug, Clone)]
@@ -31,8 +37,10 @@ pub struct ElectedOptions {
     /// This controller's decision log, in place of the policy's `log`
     /// (several controllers on one host would write one file otherwise).
     pub log: Option<PathBuf>,
-    /// Where to serve Prometheus metrics while leading, in place of the
-    /// policy's `fleet.metrics`.
+    /// Where to serve Prometheus metrics: the leadership's
+    /// (`kvsds_elected_*`) always, the controller's and the fleet's while
+    /// leading. The policy's `fleet.metrics` is not used (one address in
+    /// etcd for every controller).
     pub metrics: Option<SocketAddr>,
     /// Lets `metrics` be an address that is not loopback.
     pub metrics_allow_remote: bool,
@@ -70,6 +78,7 @@ pub struct ElectedController {
     state: Arc<Mutex<Leadership>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    metrics: Option<MetricsServer>,
 }
 
 impl std::fmt::Debug for ElectedController {
@@ -91,13 +100,30 @@ impl ElectedController {
             )));
         }
         let state = Arc::new(Mutex::new(Leadership::default()));
+        let current = Arc::new(Mutex::new(Current::default()));
+        let metrics = match options.metrics {
+            Some(addr) => {
+                let mut registry = prometheus_client::registry::Registry::default();
+                registry.register_collector(Box::new(ElectedCollector { state: Arc::clone(&state) }));
+                registry.register_collector(Box::new(CurrentController(Arc::clone(&current))));
+                registry.register_collector(Box::new(CurrentMembers(Arc::clone(&current))));
+                Some(MetricsServer::serve(addr, options.metrics_allow_remote, Arc::new(registry))?)
+            }
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let (st, s) = (Arc::clone(&state), Arc::clone(&stop));
         let thread = std::thread::Builder::new()
             .name("kvsds-elected".into())
-            .spawn(move || run(&options, &st, &s))
+            .spawn(move || run(&options, &st, &current, &s))
             .map_err(|e| Error::Etcd { key: "election".into(), message: e.to_string() })?;
-        Ok(ElectedController { state, stop, thread: Some(thread) })
+        Ok(ElectedController { state, stop, thread: Some(thread), metrics })
+    }
+
+    /// Where its metrics are served, when [`ElectedOptions::metrics`] is
+    /// set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
     /// What it is doing now.
@@ -129,7 +155,7 @@ fn unix_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
-fn run(options: &ElectedOptions, state: &Mutex<Leadership>, stop: &AtomicBool) {
+fn run(options: &ElectedOptions, state: &Mutex<Leadership>, current: &Mutex<Current>, stop: &AtomicBool) {
     let cfg = &options.etcd;
     let started = runtime().and_then(|rt| {
         let registered = Watch::start(cfg.clone(), cfg.stages_prefix(), true)?;
@@ -145,7 +171,7 @@ fn run(options: &ElectedOptions, state: &Mutex<Leadership>, stop: &AtomicBool) {
     };
     let mut last_error = String::new();
     while !stop.load(Ordering::Relaxed) {
-        if let Err(e) = session(&rt, options, &registered, &policy, state, stop) {
+        if let Err(e) = session(&rt, options, &registered, &policy, state, current, stop) {
             let msg = e.to_string();
             if msg != last_error {
                 tracing::warn!(error = msg.as_str(), "election: trying again");
@@ -209,6 +235,7 @@ fn session(
     registered: &Watch,
     policy: &Watch,
     state: &Mutex<Leadership>,
+    current: &Mutex<Current>,
     stop: &AtomicBool,
 ) -> Result<()> {
     let cfg = &options.etcd;
@@ -260,7 +287,7 @@ fn session(
     tracing::info!(term, lease, "leading at unix ms {} (term {term})", unix_ms());
     let policy_key = cfg.policy_key();
     let mut fleet: Option<Fleet> = None;
-    let mut current: Option<(Vec<u8>, FleetConfig)> = None;
+    let mut policy_now: Option<(Vec<u8>, FleetConfig)> = None;
     let mut seen = u64::MAX;
     let mut announced = false;
     // Once every registered stage has joined (or an interval passed), the
@@ -279,7 +306,7 @@ fn session(
         if generation != seen && policy.watched.synced() {
             seen = generation;
             match policy.watched.snapshot().remove(&policy_key) {
-                None if current.is_none() && !waiting_said => {
+                None if policy_now.is_none() && !waiting_said => {
                     waiting_said = true;
                     tracing::warn!(
                         key = policy_key.as_str(),
@@ -287,7 +314,7 @@ fn session(
                     );
                 }
                 None => {}
-                Some(text) if current.as_ref().is_some_and(|(t, _)| *t == text) => {}
+                Some(text) if policy_now.as_ref().is_some_and(|(t, _)| *t == text) => {}
                 Some(text) => match read_policy(&text, &policy_key, options) {
                     Err(e) => {
                         state.lock().unwrap_or_else(|e| e.into_inner()).policies_refused += 1;
@@ -298,6 +325,7 @@ fn session(
                     }
                     Ok(config) => {
                         if let Some(f) = fleet.take() {
+                            current.lock().unwrap_or_else(|e| e.into_inner()).set(None);
                             f.stop();
                         }
                         match Fleet::start_with(config.clone(), Some(term), Some(Arc::clone(&registered.watched))) {
@@ -309,8 +337,9 @@ fn session(
                                     interval = ?config.controller.effective_interval(),
                                     "applied the policy at {policy_key}"
                                 );
+                                current_metrics(current, &f);
                                 fleet = Some(f);
-                                current = Some((text, config));
+                                policy_now = Some((text, config));
                                 announced = false;
                                 kicked = None;
                                 kick_from = None;
@@ -322,9 +351,12 @@ fn session(
                                     key = policy_key.as_str(),
                                     "cannot run the policy at {policy_key}: {e}; keeping the previous one"
                                 );
-                                fleet = current.as_ref().and_then(|(_, c)| {
+                                fleet = policy_now.as_ref().and_then(|(_, c)| {
                                     Fleet::start_with(c.clone(), Some(term), Some(Arc::clone(&registered.watched))).ok()
                                 });
+                                if let Some(f) = &fleet {
+                                    current_metrics(current, f);
+                                }
                             }
                         }
                     }
@@ -335,7 +367,7 @@ fn session(
             let started = *kick_from.get_or_insert_with(Instant::now);
             let joined = f.members().iter().filter(|m| m.joined).count();
             let registered = registered.watched.snapshot().len();
-            let interval = current.as_ref().map_or(Duration::ZERO, |(_, c)| c.controller.effective_interval());
+            let interval = policy_now.as_ref().map_or(Duration::ZERO, |(_, c)| c.controller.effective_interval());
             if (joined > 0 && joined >= registered) || started.elapsed() >= interval {
                 f.controller().cycle_now();
                 kicked = Some(Instant::now());
@@ -357,6 +389,7 @@ fn session(
         std::thread::sleep(Duration::from_millis(20));
     };
     if let Some(f) = fleet.take() {
+        current.lock().unwrap_or_else(|e| e.into_inner()).set(None);
         f.stop();
     }
     keeper.abort();
@@ -388,9 +421,94 @@ fn read_policy(text: &[u8], key: &str, options: &ElectedOptions) -> Result<Fleet
     if let Some(log) = &options.log {
         config.controller.log = Some(log.clone());
     }
-    if let Some(addr) = options.metrics {
-        config.metrics = Some(addr);
-        config.fleet.metrics_allow_remote = options.metrics_allow_remote;
-    }
+    // The elected controller serves the metrics itself (see ElectedOptions).
+    config.metrics = None;
     Ok(config)
+}
+
+fn current_metrics(current: &Mutex<Current>, fleet: &Fleet) {
+    current.lock().unwrap_or_else(|e| e.into_inner()).set(Some(fleet.collectors()));
+}
+
+/// The running fleet's collectors, while leading.
+#[derive(Debug, Default)]
+struct Current {
+    controller: Option<controller::metrics::ControllerMetrics>,
+    members: Option<FleetCollector>,
+}
+
+impl Current {
+    fn set(&mut self, c: Option<(controller::metrics::ControllerMetrics, FleetCollector)>) {
+        (self.controller, self.members) = c.map_or((None, None), |(a, b)| (Some(a), Some(b)));
+    }
+}
+
+/// The leader's controller metrics (`kvsds_controller_*`), none while
+/// following.
+#[derive(Debug)]
+struct CurrentController(Arc<Mutex<Current>>);
+
+impl Collector for CurrentController {
+    fn encode(&self, e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        match &self.0.lock().unwrap_or_else(|p| p.into_inner()).controller {
+            Some(c) => c.encode(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The leader's fleet members (`kvsds_fleet_*`), none while following.
+#[derive(Debug)]
+struct CurrentMembers(Arc<Mutex<Current>>);
+
+impl Collector for CurrentMembers {
+    fn encode(&self, e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        match &self.0.lock().unwrap_or_else(|p| p.into_inner()).members {
+            Some(m) => m.encode(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The leadership as metrics (`kvsds_elected_*`).
+#[derive(Debug)]
+struct ElectedCollector {
+    state: Arc<Mutex<Leadership>>,
+}
+
+impl Collector for ElectedCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        family(&mut e, "kvsds_elected_leading", "1 while this controller leads the fleet.", MetricType::Gauge, |m| {
+            gauge(m, &[], if s.leading { 1.0 } else { 0.0 })
+        })?;
+        family(
+            &mut e,
+            "kvsds_elected_term",
+            "This controller's leadership term while it leads, else its last (0: never led).",
+            MetricType::Gauge,
+            |m| gauge(m, &[], s.term as f64),
+        )?;
+        family(&mut e, "kvsds_elected_elections", "Times this controller was elected.", MetricType::Counter, |m| {
+            counter(m, &[], s.elections)
+        })?;
+        family(
+            &mut e,
+            "kvsds_elected_lost",
+            "Times this controller lost the leadership (its etcd lease lapsed) and stopped driving.",
+            MetricType::Counter,
+            |m| counter(m, &[], s.lost),
+        )?;
+        family(
+            &mut e,
+            "kvsds_elected_policies",
+            "Policy values read from etcd, by outcome (applied, refused).",
+            MetricType::Counter,
+            |m| {
+                counter(m, &[("outcome", "applied".to_owned())], s.policies_applied)?;
+                counter(m, &[("outcome", "refused".to_owned())], s.policies_refused)
+            },
+        )?;
+        Ok(())
+    }
 }

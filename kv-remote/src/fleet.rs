@@ -417,6 +417,12 @@ impl Fleet {
         self.metrics.as_ref().map(crate::metrics::MetricsServer::local_addr)
     }
 
+    /// Its controller's and its members' metrics (for a registry that
+    /// outlives the fleet: an elected controller's).
+    pub(crate) fn collectors(&self) -> (controller::metrics::ControllerMetrics, FleetCollector) {
+        (self.controller().metrics(), FleetCollector { members: Arc::clone(&self.status) })
+    }
+
     /// The members now.
     pub fn members(&self) -> Vec<MemberStatus> {
         self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()

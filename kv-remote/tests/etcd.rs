@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod support;
 
 use kv_remote::etcd::EtcdConfig;
-use support::tenant_exe;
+use support::{get, metrics_addr, promtool_check, tenant_exe};
 
 const MIB: f64 = 1048576.0;
 const INTERVAL_MS: u64 = 500;
@@ -172,6 +172,7 @@ impl Run {
         let cfg = self.etcd();
         let child = Command::new(env!("CARGO_BIN_EXE_kvsds-controller"))
             .args(["--etcd", &cfg.endpoints[0], "--etcd-prefix", &cfg.prefix, "--etcd-ttl", "2s", "--duration", "120s"])
+            .args(["--metrics", "127.0.0.1:0"])
             .arg("--log")
             .arg(self.file(&format!("{name}.jsonl")))
             .env("RUST_LOG", "info")
@@ -317,6 +318,11 @@ fn at_shares(r: &serde_json::Value, shares: &[(&str, f64)]) -> bool {
     n == shares.len() && shares.iter().all(|(t, s)| limit(r, t).is_some_and(|v| (v - s).abs() <= s * 0.05))
 }
 
+/// The value of a series (name and labels as written) in a scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 fn other(c: &str) -> &'static str {
     if c == "c1" { "c2" } else { "c1" }
 }
@@ -433,6 +439,19 @@ fn a_killed_tenant_leaves_and_rejoins_and_the_policy_changes_live() {
     assert!(joined - registered <= 2 * INTERVAL_MS, "joined {} ms after registering", joined - registered);
     run.converged(&leader, registered, &SHARES, 2, Duration::from_secs(10));
 
+    // Each controller serves its leadership's metrics, the leader also its
+    // controller's and its fleet's; promtool finds nothing to say.
+    let follower = other(&leader);
+    for (c, leading) in [(leader.as_str(), 1), (follower, 0)] {
+        let addr = metrics_addr(&run.file(&format!("{c}.err")), c);
+        promtool_check(addr, c);
+        let (_, text) = get(addr, "/metrics").unwrap();
+        assert_eq!(sample(&text, "kvsds_elected_leading"), Some(f64::from(leading)), "{c}: {text}");
+        assert_eq!(text.contains("kvsds_controller_cycles_total"), leading == 1, "{c}: {text}");
+        let joined = sample(&text, "kvsds_fleet_member_joined{member=\"t2\"}");
+        assert_eq!(joined, (leading == 1).then_some(1.0), "{c}: {text}");
+    }
+
     // A malformed policy is refused naming the key; the fleet keeps its own.
     let bad = policy("3MiB/s").replace("policy = \"max_min\"", "policy = \"fastest\"");
     let out = run.put_policy(&bad);
@@ -456,6 +475,9 @@ fn a_killed_tenant_leaves_and_rejoins_and_the_policy_changes_live() {
     let t_good = unix_ms();
     let at = run.converged(&leader, t_good, &SHARES_AT_6, 2, Duration::from_secs(10));
     eprintln!("policy at 6 MiB/s: applied {} ms after it was written", at - t_good);
+    let (_, text) = get(metrics_addr(&run.file(&format!("{leader}.err")), &leader), "/metrics").unwrap();
+    assert_eq!(sample(&text, "kvsds_elected_policies_total{outcome=\"applied\"}"), Some(2.0), "{text}");
+    assert_eq!(sample(&text, "kvsds_elected_policies_total{outcome=\"refused\"}"), Some(1.0), "{text}");
 }
 
 #[test]

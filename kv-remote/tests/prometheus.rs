@@ -8,13 +8,14 @@
 //! chosen at run time, in a temporary directory; every process is killed
 //! and the directory removed at the end, also when the test fails.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
+
+use support::{get, metrics_addr, promtool_check, tool};
 
 use support::tenant_exe;
 
@@ -30,42 +31,6 @@ impl Drop for Procs {
             let _ = c.wait();
         }
     }
-}
-
-fn tool(name: &str) -> PathBuf {
-    let p = Path::new("/usr/bin").join(name);
-    assert!(p.exists(), "{} is missing: run scripts/setup.sh (it installs Debian's prometheus package)", p.display());
-    p
-}
-
-/// Waits for `file` to hold a line with "metrics at http://ADDR/metrics".
-fn metrics_addr(file: &Path, what: &str) -> SocketAddr {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        if let Some(a) = text
-            .lines()
-            .find_map(|l| l.split("metrics at http://").nth(1))
-            .and_then(|r| r.split("/metrics").next())
-            .and_then(|a| a.parse().ok())
-        {
-            return a;
-        }
-        assert!(Instant::now() < deadline, "{what} never said where its metrics are: {text}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A plain HTTP/1.0 GET (enough for a test): status and body.
-fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    Ok((status, body))
 }
 
 fn free_port() -> u16 {
@@ -90,23 +55,6 @@ fn query(prom: SocketAddr, q: &str) -> Vec<(serde_json::Value, f64)> {
         .iter()
         .map(|r| (r["metric"].clone(), r["value"][1].as_str().unwrap().parse::<f64>().unwrap()))
         .collect()
-}
-
-/// `promtool check metrics` on what an endpoint serves: no problem found.
-fn promtool_check(addr: SocketAddr, what: &str) {
-    let (status, text) = get(addr, "/metrics").unwrap();
-    assert_eq!(status, 200, "{what}: {text}");
-    let mut p = Command::new(tool("promtool"))
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = p.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics on {what}: {said}\n---\n{text}");
 }
 
 #[test]

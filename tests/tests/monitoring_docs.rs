@@ -1,5 +1,6 @@
 //! The monitoring page holds together with the code: every metric family the
-//! collectors write (stages, RocksDB, controller, agent) has a row in
+//! collectors write (stages, RocksDB, controller, agent, fleet, elected
+//! controller) has a row in
 //! `docs/monitoring.md`, every row names a metric that exists, every PromQL
 //! query on the page and in the Grafana dashboard uses only metrics that
 //! exist, and the dashboard's queries are the page's.
@@ -74,6 +75,17 @@ fn families() -> (BTreeSet<String>, BTreeSet<String>) {
     write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
     s.read_to_string(&mut text).unwrap();
     drop(fleet.stop());
+
+    // An elected controller's leadership (no etcd needed to serve them).
+    let elected = kv_remote::ElectedController::start(kv_remote::ElectedOptions {
+        metrics: Some("127.0.0.1:0".parse().unwrap()),
+        ..kv_remote::ElectedOptions::new(kv_remote::etcd::EtcdConfig::new(["127.0.0.1:1"]))
+    })
+    .unwrap();
+    let mut s = std::net::TcpStream::connect(elected.metrics_addr().unwrap()).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    s.read_to_string(&mut text).unwrap();
+    elected.stop();
 
     let mut names = BTreeSet::new();
     let mut samples = BTreeSet::new();

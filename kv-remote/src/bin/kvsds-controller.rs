@@ -185,6 +185,9 @@ fn run_elected(args: &Args, list: &str) -> Result<(), Box<dyn std::error::Error>
         metrics: args.metrics,
         metrics_allow_remote: args.metrics_allow_remote,
     })?;
+    if let Some(addr) = elected.metrics_addr() {
+        tracing::info!("metrics at http://{addr}/metrics");
+    }
     wait(duration, &rx);
     elected.stop();
     tracing::info!("stopped");
