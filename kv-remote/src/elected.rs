@@ -16,7 +16,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kv_stage::metrics::{counter, family, gauge};
@@ -25,7 +24,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use crate::error::{Error, Result};
-use crate::etcd::{EtcdConfig, Watch, runtime, sleep_unless};
+use crate::etcd::{EtcdConfig, Watch, Worker, runtime};
 use crate::fleet::{Fleet, FleetCollector, FleetConfig};
 use crate::metrics::MetricsServer;
 
@@ -76,8 +75,7 @@ pub struct Leadership {
 /// leadership over at once by revoking its lease).
 pub struct ElectedController {
     state: Arc<Mutex<Leadership>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    worker: Worker,
     metrics: Option<MetricsServer>,
 }
 
@@ -111,13 +109,15 @@ impl ElectedController {
             }
             None => None,
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let (st, s) = (Arc::clone(&state), Arc::clone(&stop));
-        let thread = std::thread::Builder::new()
-            .name("kvsds-elected".into())
-            .spawn(move || run(&options, &st, &current, &s))
-            .map_err(|e| Error::Etcd { key: "election".into(), message: e.to_string() })?;
-        Ok(ElectedController { state, stop, thread: Some(thread), metrics })
+        let cfg = &options.etcd;
+        let rt = runtime()?;
+        let registered = Watch::start(cfg.clone(), cfg.stages_prefix(), true)?;
+        let policy = Watch::start(cfg.clone(), cfg.policy_key(), false)?;
+        let st = Arc::clone(&state);
+        let worker = Worker::spawn("kvsds-elected", "election".into(), move |stop| {
+            session(&rt, &options, &registered, &policy, &st, &current, stop)
+        })?;
+        Ok(ElectedController { state, worker, metrics })
     }
 
     /// Where its metrics are served, when [`ElectedOptions::metrics`] is
@@ -132,54 +132,14 @@ impl ElectedController {
     }
 
     /// Stops driving, resigns (the lease is revoked: another controller
-    /// leads at once) and returns.
+    /// leads at once) and returns, as dropping it does.
     pub fn stop(mut self) {
-        self.stop_now();
-    }
-
-    fn stop_now(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for ElectedController {
-    fn drop(&mut self) {
-        self.stop_now();
+        self.worker.stop();
     }
 }
 
 fn unix_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
-}
-
-fn run(options: &ElectedOptions, state: &Mutex<Leadership>, current: &Mutex<Current>, stop: &AtomicBool) {
-    let cfg = &options.etcd;
-    let started = runtime().and_then(|rt| {
-        let registered = Watch::start(cfg.clone(), cfg.stages_prefix(), true)?;
-        let policy = Watch::start(cfg.clone(), cfg.policy_key(), false)?;
-        Ok((rt, registered, policy))
-    });
-    let (rt, registered, policy) = match started {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!("cannot start the election: {e}");
-            return;
-        }
-    };
-    let mut last_error = String::new();
-    while !stop.load(Ordering::Relaxed) {
-        if let Err(e) = session(&rt, options, &registered, &policy, state, current, stop) {
-            let msg = e.to_string();
-            if msg != last_error {
-                tracing::warn!(error = msg.as_str(), "election: trying again");
-                last_error = msg;
-            }
-            sleep_unless(stop, Duration::from_millis(300));
-        }
-    }
 }
 
 /// The controller's etcd lease, as its keep-alive task sees it.

@@ -519,17 +519,12 @@ impl Supervisor {
             }
             let u = self.units.remove(i);
             for (name, _) in u.joined {
-                self.controller.leave(&name);
                 tracing::info!(
                     instance = name.as_str(),
                     "{name} left at unix ms {} (its etcd key vanished)",
                     unix_ms()
                 );
-                self.set_status(&name, |s| {
-                    s.joined = false;
-                    s.pid = None;
-                    s.leaves += 1;
-                });
+                self.member_left(&name);
             }
         }
         for (key, r) in wanted {
@@ -562,6 +557,17 @@ impl Supervisor {
             self.units.push(Unit::new(config, self.min, Some(key)));
             self.set_status(&r.stage, |_| {});
         }
+    }
+
+    /// A member leaves the policy (its share goes to the others at the
+    /// next cycle).
+    fn member_left(&self, name: &str) {
+        self.controller.leave(name);
+        self.set_status(name, |s| {
+            s.joined = false;
+            s.pid = None;
+            s.leaves += 1;
+        });
     }
 
     fn set_status(&self, name: &str, f: impl FnOnce(&mut MemberStatus)) {
@@ -669,17 +675,12 @@ impl Supervisor {
                 let stayed = u.joined_at.take().map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
                 (u.next_try, u.backoff) = after_leave(now, stayed, u.backoff, self.min, self.max, stable_after);
                 for (name, _) in left {
-                    self.controller.leave(&name);
                     tracing::warn!(
                         instance = name.as_str(),
                         "{name} left at unix ms {} (no answer for {silent:?})",
                         unix_ms()
                     );
-                    self.set_status(&name, |s| {
-                        s.joined = false;
-                        s.pid = None;
-                        s.leaves += 1;
-                    });
+                    self.member_left(&name);
                 }
             }
             return;

@@ -236,47 +236,73 @@ impl Watched {
     }
 }
 
-/// The thread that keeps a [`Watched`] current.
-pub(crate) struct Watch {
-    pub(crate) watched: Arc<Watched>,
+/// A thread that runs `attempt` until stopped, again 300 ms after each
+/// error (logged once per distinct error, as "`what`: trying again");
+/// stopped and joined when dropped. What the registration, the watches and
+/// the election run on.
+pub(crate) struct Worker {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Watch {
-    /// Watches `key` (every key under it when `prefix`).
-    pub(crate) fn start(cfg: EtcdConfig, key: String, prefix: bool) -> Result<Watch> {
-        let watched = Arc::new(Watched::default());
+impl Worker {
+    pub(crate) fn spawn(
+        name: &str,
+        what: String,
+        mut attempt: impl FnMut(&AtomicBool) -> Result<()> + Send + 'static,
+    ) -> Result<Worker> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (w, s) = (Arc::clone(&watched), Arc::clone(&stop));
-        let rt = runtime()?;
+        let s = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
-            .name("kvsds-etcd-watch".into())
+            .name(name.into())
             .spawn(move || {
                 let mut last_error = String::new();
                 while !s.load(Ordering::Relaxed) {
-                    let r = rt.block_on(watch_once(&cfg, &key, prefix, &w, &s));
-                    if let Err(e) = r {
+                    if let Err(e) = attempt(&s) {
                         let msg = e.to_string();
                         if msg != last_error {
-                            tracing::warn!(key = key.as_str(), error = msg.as_str(), "etcd watch: trying again");
+                            tracing::warn!(error = msg.as_str(), "{what}: trying again");
                             last_error = msg;
                         }
                         sleep_unless(&s, Duration::from_millis(300));
                     }
                 }
             })
-            .map_err(|e| Error::Etcd { key: "watch".into(), message: e.to_string() })?;
-        Ok(Watch { watched, stop, thread: Some(thread) })
+            .map_err(|e| Error::Etcd { key: name.into(), message: e.to_string() })?;
+        Ok(Worker { stop, thread: Some(thread) })
     }
-}
 
-impl Drop for Watch {
-    fn drop(&mut self) {
+    /// Stops it and waits for it to end.
+    pub(crate) fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The thread that keeps a [`Watched`] current.
+pub(crate) struct Watch {
+    pub(crate) watched: Arc<Watched>,
+    _worker: Worker,
+}
+
+impl Watch {
+    /// Watches `key` (every key under it when `prefix`).
+    pub(crate) fn start(cfg: EtcdConfig, key: String, prefix: bool) -> Result<Watch> {
+        let watched = Arc::new(Watched::default());
+        let w = Arc::clone(&watched);
+        let rt = runtime()?;
+        let what = format!("etcd watch of {key}");
+        let worker =
+            Worker::spawn("kvsds-etcd-watch", what, move |stop| rt.block_on(watch_once(&cfg, &key, prefix, &w, stop)))?;
+        Ok(Watch { watched, _worker: worker })
     }
 }
 

@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{EtcdConfig, Registered, runtime, sleep_unless};
+use super::{EtcdConfig, Registered, Worker, runtime};
 use crate::error::{Error, Result};
 
 /// Keeps stages registered in etcd while it lives; dropping it (or
@@ -15,8 +14,7 @@ use crate::error::{Error, Result};
 /// process that dies without dropping it loses them within the TTL.
 pub struct Registration {
     state: Arc<State>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    worker: Worker,
 }
 
 impl std::fmt::Debug for Registration {
@@ -49,33 +47,16 @@ impl Registration {
             }
         }
         let state = Arc::new(State::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (st, s) = (Arc::clone(&state), Arc::clone(&stop));
+        let st = Arc::clone(&state);
         let rt = runtime()?;
-        let thread = std::thread::Builder::new()
-            .name("kvsds-etcd-register".into())
-            .spawn(move || {
-                let mut last_error = String::new();
-                while !s.load(Ordering::Relaxed) {
-                    match rt.block_on(register_once(&cfg, &records, &st, &s)) {
-                        Ok(()) => {}
-                        Err(e) => {
-                            st.registered.store(false, Ordering::Release);
-                            let msg = e.to_string();
-                            if msg != last_error {
-                                tracing::warn!(
-                                    error = msg.as_str(),
-                                    "etcd registration lost; registering again when etcd answers"
-                                );
-                                last_error = msg;
-                            }
-                            sleep_unless(&s, Duration::from_millis(300));
-                        }
-                    }
-                }
-            })
-            .map_err(|e| Error::Etcd { key: "registration".into(), message: e.to_string() })?;
-        Ok(Registration { state, stop, thread: Some(thread) })
+        let worker = Worker::spawn("kvsds-etcd-register", "etcd registration".into(), move |stop| {
+            let r = rt.block_on(register_once(&cfg, &records, &st, stop));
+            if r.is_err() {
+                st.registered.store(false, Ordering::Release);
+            }
+            r
+        })?;
+        Ok(Registration { state, worker })
     }
 
     /// Whether the keys are registered now (as far as this process knows).
@@ -88,22 +69,10 @@ impl Registration {
         self.state.registrations.load(Ordering::Relaxed)
     }
 
-    /// Revokes the lease (the keys vanish) and stops.
+    /// Revokes the lease (the keys vanish) and stops (as dropping it
+    /// does).
     pub fn stop(mut self) {
-        self.stop_now();
-    }
-
-    fn stop_now(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.stop_now();
+        self.worker.stop();
     }
 }
 
