@@ -24,7 +24,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use crate::error::{Error, Result};
-use crate::etcd::{EtcdConfig, Watch, Worker, runtime};
+use crate::etcd::{EtcdConfig, Watch, Worker, keep_alive_once, runtime};
 use crate::fleet::{Fleet, FleetCollector, FleetConfig};
 use crate::metrics::MetricsServer;
 
@@ -89,22 +89,14 @@ impl ElectedController {
     /// Starts campaigning. etcd need not be up yet.
     pub fn start(options: ElectedOptions) -> Result<ElectedController> {
         options.etcd.validate()?;
-        if let Some(addr) = options.metrics
-            && !addr.ip().is_loopback()
-            && !options.metrics_allow_remote
-        {
-            return Err(Error::Metrics(format!(
-                "{addr} is not a loopback address; allow remote metrics explicitly to serve them there"
-            )));
-        }
         let state = Arc::new(Mutex::new(Leadership::default()));
-        let current = Arc::new(Mutex::new(Current::default()));
+        let current = Current::default();
         let metrics = match options.metrics {
             Some(addr) => {
                 let mut registry = prometheus_client::registry::Registry::default();
                 registry.register_collector(Box::new(ElectedCollector { state: Arc::clone(&state) }));
-                registry.register_collector(Box::new(CurrentController(Arc::clone(&current))));
-                registry.register_collector(Box::new(CurrentMembers(Arc::clone(&current))));
+                registry.register_collector(Box::new(current.controller.clone()));
+                registry.register_collector(Box::new(current.members.clone()));
                 Some(MetricsServer::serve(addr, options.metrics_allow_remote, Arc::new(registry))?)
             }
             None => None,
@@ -171,18 +163,13 @@ async fn keep_alive(cfg: EtcdConfig, lease: i64, alive: Arc<Alive>) {
             };
         }
         let Some((keeper, answers)) = stream.as_mut() else { continue };
-        let sent: std::result::Result<(), etcd_client::Error> = keeper.keep_alive().await;
-        let answer = match sent {
-            Ok(()) => tokio::time::timeout(cfg.timeout, answers.message()).await.ok().and_then(|r| r.ok()).flatten(),
-            Err(_) => None,
-        };
-        match answer {
-            Some(a) if a.ttl() > 0 => *alive.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now(),
-            Some(_) => {
+        match keep_alive_once(&cfg, keeper, answers).await {
+            Ok(true) => *alive.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now(),
+            Ok(false) => {
                 alive.expired.store(true, Ordering::Release);
                 return;
             }
-            None => stream = None,
+            Err(_) => stream = None,
         }
     }
 }
@@ -195,7 +182,7 @@ fn session(
     registered: &Watch,
     policy: &Watch,
     state: &Mutex<Leadership>,
-    current: &Mutex<Current>,
+    current: &Current,
     stop: &AtomicBool,
 ) -> Result<()> {
     let cfg = &options.etcd;
@@ -252,15 +239,15 @@ fn session(
     let mut announced = false;
     // Once every registered stage has joined (or an interval passed), the
     // first cycle runs at once rather than up to an interval later.
-    let mut kicked: Option<Instant> = None;
+    let mut kicked = false;
     let mut kick_from: Option<Instant> = None;
     let mut waiting_said = false;
-    let outcome = loop {
+    let lost = loop {
         if stop.load(Ordering::Relaxed) {
-            break "stopped";
+            break false;
         }
         if alive.lost(ttl) {
-            break "lost";
+            break true;
         }
         let generation = policy.watched.generation();
         if generation != seen && policy.watched.synced() {
@@ -285,7 +272,7 @@ fn session(
                     }
                     Ok(config) => {
                         if let Some(f) = fleet.take() {
-                            current.lock().unwrap_or_else(|e| e.into_inner()).set(None);
+                            current.set(None);
                             f.stop();
                         }
                         match Fleet::start_with(config.clone(), Some(term), Some(Arc::clone(&registered.watched))) {
@@ -297,11 +284,11 @@ fn session(
                                     interval = ?config.controller.effective_interval(),
                                     "applied the policy at {policy_key}"
                                 );
-                                current_metrics(current, &f);
+                                current.set(Some(&f));
                                 fleet = Some(f);
                                 policy_now = Some((text, config));
                                 announced = false;
-                                kicked = None;
+                                kicked = false;
                                 kick_from = None;
                                 state.lock().unwrap_or_else(|e| e.into_inner()).policies_applied += 1;
                             }
@@ -315,7 +302,7 @@ fn session(
                                     Fleet::start_with(c.clone(), Some(term), Some(Arc::clone(&registered.watched))).ok()
                                 });
                                 if let Some(f) = &fleet {
-                                    current_metrics(current, f);
+                                    current.set(Some(f));
                                 }
                             }
                         }
@@ -323,14 +310,14 @@ fn session(
                 },
             }
         }
-        if let (Some(f), None) = (&fleet, kicked) {
+        if let (Some(f), false) = (&fleet, kicked) {
             let started = *kick_from.get_or_insert_with(Instant::now);
             let joined = f.members().iter().filter(|m| m.joined).count();
             let registered = registered.watched.snapshot().len();
             let interval = policy_now.as_ref().map_or(Duration::ZERO, |(_, c)| c.controller.effective_interval());
             if (joined > 0 && joined >= registered) || started.elapsed() >= interval {
                 f.controller().cycle_now();
-                kicked = Some(Instant::now());
+                kicked = true;
             }
         }
         if !announced && let Some(f) = &fleet {
@@ -349,18 +336,18 @@ fn session(
         std::thread::sleep(Duration::from_millis(20));
     };
     if let Some(f) = fleet.take() {
-        current.lock().unwrap_or_else(|e| e.into_inner()).set(None);
+        current.set(None);
         f.stop();
     }
     keeper.abort();
     {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.leading = false;
-        if outcome == "lost" {
+        if lost {
             s.lost += 1;
         }
     }
-    if outcome == "lost" {
+    if lost {
         tracing::warn!(
             term,
             "lost the leadership at unix ms {} (etcd lease lapsed): stopped driving the stages",
@@ -386,45 +373,43 @@ fn read_policy(text: &[u8], key: &str, options: &ElectedOptions) -> Result<Fleet
     Ok(config)
 }
 
-fn current_metrics(current: &Mutex<Current>, fleet: &Fleet) {
-    current.lock().unwrap_or_else(|e| e.into_inner()).set(Some(fleet.collectors()));
-}
-
-/// The running fleet's collectors, while leading.
-#[derive(Debug, Default)]
+/// The running fleet's collectors, there while leading, empty while
+/// following: what the metrics registry reads them through.
+#[derive(Debug, Default, Clone)]
 struct Current {
-    controller: Option<controller::metrics::ControllerMetrics>,
-    members: Option<FleetCollector>,
+    controller: WhileLeading<controller::metrics::ControllerMetrics>,
+    members: WhileLeading<FleetCollector>,
 }
 
 impl Current {
-    fn set(&mut self, c: Option<(controller::metrics::ControllerMetrics, FleetCollector)>) {
-        (self.controller, self.members) = c.map_or((None, None), |(a, b)| (Some(a), Some(b)));
+    /// The fleet now leading (`None`: none).
+    fn set(&self, fleet: Option<&Fleet>) {
+        let (c, m) = fleet.map(Fleet::collectors).unzip();
+        *self.controller.0.lock().unwrap_or_else(|e| e.into_inner()) = c;
+        *self.members.0.lock().unwrap_or_else(|e| e.into_inner()) = m;
     }
 }
 
-/// The leader's controller metrics (`kvsds_controller_*`), none while
-/// following.
+/// A collector that writes its inner one's metrics while there is one.
 #[derive(Debug)]
-struct CurrentController(Arc<Mutex<Current>>);
+struct WhileLeading<T>(Arc<Mutex<Option<T>>>);
 
-impl Collector for CurrentController {
+impl<T> Default for WhileLeading<T> {
+    fn default() -> Self {
+        WhileLeading(Arc::new(Mutex::new(None)))
+    }
+}
+
+impl<T> Clone for WhileLeading<T> {
+    fn clone(&self) -> Self {
+        WhileLeading(Arc::clone(&self.0))
+    }
+}
+
+impl<T: Collector> Collector for WhileLeading<T> {
     fn encode(&self, e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
-        match &self.0.lock().unwrap_or_else(|p| p.into_inner()).controller {
+        match &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(c) => c.encode(e),
-            None => Ok(()),
-        }
-    }
-}
-
-/// The leader's fleet members (`kvsds_fleet_*`), none while following.
-#[derive(Debug)]
-struct CurrentMembers(Arc<Mutex<Current>>);
-
-impl Collector for CurrentMembers {
-    fn encode(&self, e: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
-        match &self.0.lock().unwrap_or_else(|p| p.into_inner()).members {
-            Some(m) => m.encode(e),
             None => Ok(()),
         }
     }

@@ -509,9 +509,10 @@ impl Supervisor {
         while i < self.units.len() {
             let keep = match &self.units[i].source {
                 None => true,
-                Some(key) => wanted.iter().any(|(k, r)| {
-                    k == key && Some(r.endpoint.as_str()) == Some(self.units[i].config.endpoint.to_string().as_str())
-                }),
+                Some(key) => {
+                    let at = self.units[i].config.endpoint.to_string();
+                    wanted.iter().any(|(k, r)| k == key && r.endpoint == at)
+                }
             };
             if keep {
                 i += 1;

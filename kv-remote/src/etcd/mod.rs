@@ -353,6 +353,22 @@ async fn watch_once(cfg: &EtcdConfig, key: &str, prefix: bool, w: &Watched, stop
     Ok(())
 }
 
+/// One keep-alive of an etcd lease: `Ok(true)` while it lives,
+/// `Ok(false)` when etcd says it expired, an error when etcd did not answer.
+pub(crate) async fn keep_alive_once(
+    cfg: &EtcdConfig,
+    keeper: &mut etcd_client::LeaseKeeper,
+    answers: &mut etcd_client::LeaseKeepAliveStream,
+) -> Result<bool> {
+    cfg.call("keep-alive", keeper.keep_alive()).await?;
+    match tokio::time::timeout(cfg.timeout, answers.message()).await {
+        Ok(Ok(Some(a))) => Ok(a.ttl() > 0),
+        Ok(Ok(None)) => Err(cfg.error("keep-alive: the stream ended".into())),
+        Ok(Err(e)) => Err(cfg.error(format!("keep-alive: {e}"))),
+        Err(_) => Err(cfg.error(format!("keep-alive: no answer in {:?}", cfg.timeout))),
+    }
+}
+
 /// A runtime for etcd calls: one worker, so that a task (a lease's
 /// keep-alive) runs while the owning thread does other things.
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {

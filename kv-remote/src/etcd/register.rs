@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{EtcdConfig, Registered, Worker, runtime};
+use super::{EtcdConfig, Registered, Worker, keep_alive_once, runtime};
 use crate::error::{Error, Result};
 
 /// Keeps stages registered in etcd while it lives; dropping it (or
@@ -108,13 +108,8 @@ async fn register_once(cfg: &EtcdConfig, records: &[Registered], st: &State, sto
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        cfg.call("keep-alive", keeper.keep_alive()).await?;
-        match tokio::time::timeout(cfg.timeout, answers.message()).await {
-            Ok(Ok(Some(a))) if a.ttl() > 0 => {}
-            Ok(Ok(Some(_))) => return Err(cfg.error(format!("lease {lease} expired"))),
-            Ok(Ok(None)) => return Err(cfg.error("keep-alive: the stream ended".into())),
-            Ok(Err(e)) => return Err(cfg.error(format!("keep-alive: {e}"))),
-            Err(_) => return Err(cfg.error(format!("keep-alive: no answer in {:?}", cfg.timeout))),
+        if !keep_alive_once(cfg, &mut keeper, &mut answers).await? {
+            return Err(cfg.error(format!("lease {lease} expired")));
         }
     }
 }
