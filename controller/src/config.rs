@@ -185,6 +185,12 @@ impl ControllerConfig {
                         format!("needs 0 <= ramp_from < ramp_to (ramp_from {}, ramp_to {})", a.ramp_from, a.ramp_to),
                     ));
                 }
+                if !(a.ingest_pace.is_finite() && a.ingest_pace >= 0.0) {
+                    return Err(Error::config(
+                        "adaptive.ingest_pace",
+                        format!("must be a number of at least 0 (is {})", a.ingest_pace),
+                    ));
+                }
                 if !(a.promote_at.is_finite() && a.promote_at > 0.0) {
                     return Err(Error::config("adaptive.promote_at", format!("must be above 0 (is {})", a.promote_at)));
                 }
@@ -336,6 +342,7 @@ mod tests {
             ("policy = \"adaptive\"\n[adaptive]\nbusy_share = -1.0\n", "adaptive.busy_share"),
             ("policy = \"adaptive\"\n[adaptive]\nbusy_foreground_ops = -3.0\n", "adaptive.busy_foreground_ops"),
             ("policy = \"adaptive\"\n[adaptive]\npromote_at = 0.0\n", "adaptive.promote_at"),
+            ("policy = \"adaptive\"\n[adaptive]\ningest_pace = -1.0\n", "adaptive.ingest_pace"),
             ("policy = \"adaptive\"\n[adaptive]\nhold = \"soon\"\n", "adaptive.hold"),
             ("policy = \"max_min\"\n", "fair_share"),
             ("policy = \"max_min\"\n[fair_share]\ndevice_bandwidth = \"unlimited\"\n", "fair_share.device_bandwidth"),

@@ -87,6 +87,7 @@ pub(crate) fn collection(c: &Collection) -> pb::Collection {
                 context: context_ref(x.context),
                 counter: counter(x.counter),
                 file: counter(x.file),
+                file_writes: counter(x.file_writes),
             })
             .collect(),
         workflows: c
@@ -127,6 +128,7 @@ pub(crate) fn from_collection(c: pb::Collection) -> Decoded<Collection> {
                 context: context(x.context.as_ref())?,
                 counter: from_counter(x.counter),
                 file: from_counter(x.file),
+                file_writes: from_counter(x.file_writes),
             })
         })
         .collect();

@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crossbeam_utils::CachePadded;
 
-use crate::context::{Context, RequestContext};
+use crate::context::{Context, RequestContext, RequestType};
 
 /// Threads that get an exclusive shard; more threads share one.
 pub const MAX_THREAD_SLOTS: usize = 256;
@@ -149,6 +149,8 @@ struct Shard {
     contexts: [Cell; RequestContext::MAX],
     /// The file data requests (reads and writes) among `contexts`.
     file_contexts: [Cell; RequestContext::MAX],
+    /// The file writes among `file_contexts`.
+    write_contexts: [Cell; RequestContext::MAX],
     workflows: [WorkflowCell; WORKFLOWS_PER_THREAD],
     other_workflows: Cell,
 }
@@ -178,6 +180,7 @@ impl Shard {
             segments: std::array::from_fn(|_| OnceLock::new()),
             contexts: std::array::from_fn(|_| Cell::default()),
             file_contexts: std::array::from_fn(|_| Cell::default()),
+            write_contexts: std::array::from_fn(|_| Cell::default()),
             workflows: std::array::from_fn(|_| WorkflowCell { id: AtomicU64::new(0), cell: Cell::default() }),
             other_workflows: Cell::default(),
         }
@@ -248,6 +251,15 @@ impl<S> PerThread<S> {
     }
 }
 
+/// `(ops, bytes)` of one request context: every request, its file data
+/// requests (reads and writes of file contents), and its file writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ContextTotals {
+    pub(crate) all: (u64, u64),
+    pub(crate) file: (u64, u64),
+    pub(crate) writes: (u64, u64),
+}
+
 /// `(id, ops, bytes)` per tracked workflow, and `(ops, bytes)` of the rest.
 pub(crate) type WorkflowTotals = (Vec<(u64, u64, u64)>, (u64, u64));
 
@@ -278,6 +290,9 @@ impl Counters {
         shard.contexts[ctx.context.index()].add_exclusive(size);
         if ctx.request_type.is_file_data() {
             shard.file_contexts[ctx.context.index()].add_exclusive(size);
+            if matches!(ctx.request_type, RequestType::Write) {
+                shard.write_contexts[ctx.context.index()].add_exclusive(size);
+            }
         }
         let key = ctx.workflow.0.wrapping_add(1);
         let first = &shard.workflows[0];
@@ -298,6 +313,9 @@ impl Counters {
         shard.contexts[ctx.context.index()].add_shared(ctx.size);
         if ctx.request_type.is_file_data() {
             shard.file_contexts[ctx.context.index()].add_shared(ctx.size);
+            if matches!(ctx.request_type, RequestType::Write) {
+                shard.write_contexts[ctx.context.index()].add_shared(ctx.size);
+            }
         }
         shard.other_workflows.add_shared(ctx.size);
     }
@@ -323,17 +341,19 @@ impl Counters {
     }
 
     /// Totals per request context id (index = context id): all requests,
-    /// and file data requests only.
-    pub(crate) fn context_totals(&self) -> Vec<((u64, u64), (u64, u64))> {
-        let mut v = vec![((0u64, 0u64), (0u64, 0u64)); RequestContext::MAX];
+    /// file data requests, and file writes.
+    pub(crate) fn context_totals(&self) -> Vec<ContextTotals> {
+        let mut v = vec![ContextTotals::default(); RequestContext::MAX];
+        let add = |acc: &mut (u64, u64), c: &Cell| {
+            let (o, b) = c.get();
+            acc.0 += o;
+            acc.1 += b;
+        };
         for s in self.shards() {
-            for ((acc, f), (c, fc)) in v.iter_mut().zip(s.contexts.iter().zip(&s.file_contexts)) {
-                let (o, b) = fc.get();
-                f.0 += o;
-                f.1 += b;
-                let (o, b) = c.get();
-                acc.0 += o;
-                acc.1 += b;
+            for (i, t) in v.iter_mut().enumerate() {
+                add(&mut t.all, &s.contexts[i]);
+                add(&mut t.file, &s.file_contexts[i]);
+                add(&mut t.writes, &s.write_contexts[i]);
             }
         }
         v
@@ -416,7 +436,7 @@ impl<const N: usize> CounterArray<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::{InstanceId, RequestType, WorkflowId};
+    use crate::context::{InstanceId, WorkflowId};
     use std::sync::Arc;
 
     #[test]
@@ -445,7 +465,8 @@ mod tests {
         assert_eq!(c.slot_total(1), (80_000, 800_000));
         assert_eq!(c.slot_total(70), (80_000, 800_000));
         assert_eq!(c.slot_total(2), (0, 0));
-        assert_eq!(c.context_totals()[RequestContext::BG_FLUSH.index()].0, (80_000, 800_000));
+        assert_eq!(c.context_totals()[RequestContext::BG_FLUSH.index()].all, (80_000, 800_000));
+        assert_eq!(c.context_totals()[RequestContext::BG_FLUSH.index()].writes, (80_000, 800_000));
         let (wf, other) = c.workflow_totals();
         assert_eq!(other, (0, 0));
         assert_eq!(wf.len(), 8);

@@ -18,7 +18,11 @@
 //!    `left = max(D - Fg, min_B)` (as the store's pressure goes from
 //!    `ramp_from` to `ramp_to`), split as Algorithm 1 splits `left_B`:
 //!    flushes and L0->L1 compactions first, deeper compactions `min_B`
-//!    while those run and the whole budget when they do not.
+//!    while those run and the whole budget when they do not. Flushes and
+//!    L0 compactions get at least `ingest_pace` times the clients' file
+//!    writes (in RocksDB, the write-ahead log), up to `left`: the pace they
+//!    must keep so that memtables and L0 files do not pile up while
+//!    clients write fast.
 //! 3. **A stall nears: promotion.** When L0 files or full memtables reach
 //!    `promote_at` of RocksDB's slowdown point (see
 //!    [`Pressure`](super::Pressure)), flushes and L0 compactions get all
@@ -73,6 +77,9 @@ impl AdaptiveMode {
 pub struct AdaptiveInputs {
     /// Foreground bandwidth, bytes/s.
     pub fg_bps: f64,
+    /// The clients' file writes, bytes/s (what flushes and L0 compactions
+    /// keep pace with).
+    pub ingest_bps: f64,
     /// Foreground requests per second.
     pub fg_ops: f64,
     /// Every context's bandwidth together, bytes/s.
@@ -88,6 +95,10 @@ pub struct AdaptiveInputs {
     /// What background work gets while contended: from `calm_share * D`
     /// (no pressure) up to `left_bps` (pressure at `ramp_to`).
     pub budget_bps: f64,
+    /// What flushes and L0 compactions get together while contended: the
+    /// budget, or `ingest_pace` times the clients' writes when that is more
+    /// (at most `left_bps`).
+    pub ingest_budget_bps: f64,
     /// Flush rate set (`INFINITY`: unlimited).
     pub b_flush: f64,
     /// L0 rate set.
@@ -131,6 +142,7 @@ impl Adaptive {
     pub fn compute(
         &self,
         fg_bps: f64,
+        ingest_bps: f64,
         fg_ops: f64,
         total_bps: f64,
         pressure: Pressure,
@@ -148,6 +160,11 @@ impl Adaptive {
         // no backlog, all that clients leave as the backlog grows.
         let calm = (c.calm_share * d).min(left).max(min);
         let budget = (calm + (left - calm).max(0.0) * c.ramp(pressure.level)).min(left).max(min);
+        // The ingest path keeps pace with the clients' writes: a flush
+        // writes each byte once, an L0->L1 compaction reads it and writes it
+        // again with L1's overlap; a budget below that lets memtables and L0
+        // files pile up until RocksDB stalls writes.
+        let ingest = budget.max((c.ingest_pace * ingest_bps).min(left));
         let inf = f64::INFINITY;
         // A stall nears when L0 files or full memtables approach RocksDB's
         // slowdown point; pending compaction bytes are deep-level debt,
@@ -167,9 +184,9 @@ impl Adaptive {
             (AdaptiveMode::Promoted, f, l, min)
         } else {
             let (f, l) = match (flush_active, l0_active) {
-                (true, true) => (budget / 2.0, budget / 2.0),
-                (true, false) => (budget, min),
-                (false, true) => (min, budget),
+                (true, true) => (ingest / 2.0, ingest / 2.0),
+                (true, false) => (ingest, min),
+                (false, true) => (min, ingest),
                 (false, false) => (min, min),
             };
             let ln = if flush_active || l0_active { min } else { budget };
@@ -177,6 +194,7 @@ impl Adaptive {
         };
         AdaptiveInputs {
             fg_bps,
+            ingest_bps,
             fg_ops,
             total_bps,
             pressure,
@@ -184,6 +202,7 @@ impl Adaptive {
             mode,
             left_bps: left,
             budget_bps: budget,
+            ingest_budget_bps: ingest,
             b_flush,
             b_l0,
             b_ln,
@@ -216,6 +235,7 @@ impl Adaptive {
         // tenant's key-value requests do not count a second time.
         let fg_ops_now = v.rates.context(C::FOREGROUND).ops_per_sec;
         let fg_bps = v.rates.client_file().bytes_per_sec;
+        let ingest_bps = v.rates.client_file_writes().bytes_per_sec;
         let total: f64 = v.rates.file_contexts.iter().map(|(_, r)| r.bytes_per_sec).sum();
         let pressure = v.pressure.unwrap_or_default();
         let a = (v.rates.interval.as_secs_f64() / FG_OPS_SMOOTHING.as_secs_f64()).clamp(0.0, 1.0);
@@ -249,6 +269,7 @@ impl Adaptive {
         let since_busy = st.last_busy_s.map(|t| (now_s - t).max(0.0));
         let mut x = self.compute(
             fg_bps,
+            ingest_bps,
             fg_ops,
             total,
             pressure,
@@ -279,6 +300,7 @@ impl Adaptive {
         let note = json!({
             "instance": v.name,
             "fg_bps": x.fg_bps,
+            "ingest_bps": x.ingest_bps,
             "fg_ops": x.fg_ops,
             "total_bps": x.total_bps,
             "pressure": v.pressure,
@@ -288,6 +310,7 @@ impl Adaptive {
             "mode": x.mode,
             "left_bps": x.left_bps,
             "budget_bps": x.budget_bps,
+            "ingest_budget_bps": x.ingest_budget_bps,
             "b_flush_bps": rate_note(x.b_flush),
             "b_l0_bps": rate_note(x.b_l0),
             "b_ln_bps": rate_note(x.b_ln),
@@ -365,11 +388,11 @@ mod tests {
     fn healthy_store_sets_no_limit() {
         let p = policy();
         for (flush, l0) in [(false, false), (true, false), (false, true), (true, true)] {
-            let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.1), None, flush, l0);
+            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), None, flush, l0);
             assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
             assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite(), "{x:?}");
             // A busy cycle long past (beyond `hold`) changes nothing.
-            let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.1), Some(10.0), flush, l0);
+            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), Some(10.0), flush, l0);
             assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
         }
     }
@@ -381,21 +404,21 @@ mod tests {
     fn contention_splits_the_calm_budget_silk_style_and_holds() {
         let p = policy();
         // The device: 50 of 60 MiB/s, light clients.
-        let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, false);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, false);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!(x.busy);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (20.0, 4.0, 4.0));
-        let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, true);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
-        let x = p.compute(2.0 * MIB, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), false, false);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), false, false);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 4.0, 20.0));
         // Busy clients on a quiet device.
-        let x = p.compute(8.0 * MIB, 5000.0, 8.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        let x = p.compute(8.0 * MIB, 0.0, 5000.0, 8.0 * MIB, backlog(0.0), Some(0.0), false, true);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!((x.b_l0 / MIB - 20.0).abs() < 1e-6);
         // A quiet cycle within `hold` of the last busy one stays contended.
         let hold = AdaptiveConfig::default().hold.as_secs_f64();
-        let x = p.compute(2.0 * MIB, 1000.0, 10.0 * MIB, backlog(0.0), Some(hold / 2.0), false, false);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.0), Some(hold / 2.0), false, false);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!(!x.busy);
     }
@@ -407,13 +430,13 @@ mod tests {
         let p = policy();
         // Clients use 10: left = 50; ramp from 0.25 to 0.75.
         for (pressure, budget) in [(0.0, 20.0), (0.25, 20.0), (0.5, 35.0), (0.75, 50.0), (0.85, 50.0)] {
-            let x = p.compute(10.0 * MIB, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, true);
+            let x = p.compute(10.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, true);
             assert_eq!(x.mode, AdaptiveMode::Contended, "{pressure}");
             assert!((x.budget_bps / MIB - budget).abs() < 1e-9, "pressure {pressure}: {x:?}");
             assert_eq!(x.b_l0, x.budget_bps);
         }
         // Clients take nearly all of D: the budget is the floor.
-        let x = p.compute(58.0 * MIB, 5000.0, 60.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        let x = p.compute(58.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(0.0), Some(0.0), false, true);
         assert_eq!(x.budget_bps / MIB, 4.0);
     }
 
@@ -427,22 +450,55 @@ mod tests {
         let at = AdaptiveConfig::default().promote_at;
         // Clients use 16: left = 44, all of it for flush and L0 (the calm
         // budget would be 20).
-        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, l0(at), Some(0.0), true, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at), Some(0.0), true, true);
         assert_eq!(x.mode, AdaptiveMode::Promoted);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (22.0, 22.0, 4.0));
-        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, l0(at), Some(0.0), false, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at), Some(0.0), false, true);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 44.0, 4.0));
-        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, l0(at * 0.99), Some(0.0), true, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at * 0.99), Some(0.0), true, true);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         // Full memtables count as L0 files do ...
-        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, Pressure::new(0.0, 1.0, 0.0), Some(0.0), true, false);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, Pressure::new(0.0, 1.0, 0.0), Some(0.0), true, false);
         assert_eq!(x.mode, AdaptiveMode::Promoted);
         // ... deep-level debt does not: it raises the budget instead.
-        let x = p.compute(16.0 * MIB, 5000.0, 60.0 * MIB, backlog(3.0), Some(0.0), true, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(3.0), Some(0.0), true, true);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (22.0, 22.0, 4.0));
-        let x = p.compute(1.0 * MIB, 100.0, 10.0 * MIB, l0(at * 2.0), None, false, false);
+        let x = p.compute(1.0 * MIB, 0.0, 100.0, 10.0 * MIB, l0(at * 2.0), None, false, false);
         assert_eq!(x.mode, AdaptiveMode::Draining);
         assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite());
+    }
+
+    /// Heavy client writes: flushes and L0 compactions get `ingest_pace`
+    /// times the write rate when the calm budget is less, never more than
+    /// clients leave; deep compactions alone keep the calm budget, and light
+    /// writes change nothing.
+    #[test]
+    fn heavy_writes_give_the_ingest_path_their_pace() {
+        let p = Adaptive::new(&AdaptiveConfig { ingest_pace: 3.0, ..policy().config });
+        // Clients: 14 MiB/s of traffic, 12 of it writes; left = 46, the
+        // ingest path 36 (3 x 12) against a calm budget of 20.
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        assert_eq!(x.mode, AdaptiveMode::Contended);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (18.0, 18.0, 4.0));
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, false);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (36.0, 4.0, 4.0));
+        // Only deep compactions run: the calm budget, not the ingest pace.
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), false, false);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 4.0, 20.0));
+        // Capped at what clients leave: 20 MiB/s of writes, 40 left.
+        let x = p.compute(20.0 * MIB, 20.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 40.0, 4.0));
+        // Light writes (2 MiB/s: 6 < 20): the calm budget.
+        let x = p.compute(4.0 * MIB, 2.0 * MIB, 5000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
+        // Not contended: unlimited, whatever the writes.
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 1000.0, 30.0 * MIB, backlog(0.0), None, true, true);
+        assert_eq!(x.mode, AdaptiveMode::Healthy);
+        assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite());
+        // The pace off: the calm budget again.
+        let off = Adaptive::new(&AdaptiveConfig { ingest_pace: 0.0, ..p.config.clone() });
+        let x = off.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
     }
 }

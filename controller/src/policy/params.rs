@@ -139,6 +139,12 @@ pub struct AdaptiveConfig {
     /// while the device is contended (1: RocksDB starts to slow writes).
     #[serde(default = "AdaptiveConfig::default_promote_at")]
     pub promote_at: f64,
+    /// While contended, flushes and L0->L1 compactions get at least this
+    /// many times the clients' file writes (in RocksDB, the write-ahead log:
+    /// the bytes they must keep pace with), up to all that clients leave;
+    /// 0 turns the floor off.
+    #[serde(default = "AdaptiveConfig::default_ingest_pace")]
+    pub ingest_pace: f64,
 }
 
 impl AdaptiveConfig {
@@ -160,6 +166,12 @@ impl AdaptiveConfig {
     fn default_promote_at() -> f64 {
         0.9
     }
+    fn default_ingest_pace() -> f64 {
+        // Off until a side-by-side benchmark run backs a value (3 is the
+        // one the unit tests use: a flush writes each byte once, an
+        // L0->L1 compaction reads it and writes it again).
+        0.0
+    }
     fn default_calm_share() -> f64 {
         1.0 / 3.0
     }
@@ -180,7 +192,7 @@ impl Default for AdaptiveConfig {
     /// A 200 MiB/s budget with a 10 MiB/s floor (SILK's prototype values);
     /// busy at 75% of it or with 2,000 client requests/s; 500 ms hold; a
     /// third of the budget with no backlog, all that clients leave from
-    /// pressure 0.75; promotion at pressure 0.9.
+    /// pressure 0.75; promotion at pressure 0.9; no ingest floor.
     fn default() -> Self {
         AdaptiveConfig {
             device_bandwidth: Self::default_device(),
@@ -192,6 +204,7 @@ impl Default for AdaptiveConfig {
             ramp_from: Self::default_ramp_from(),
             ramp_to: Self::default_ramp_to(),
             promote_at: Self::default_promote_at(),
+            ingest_pace: Self::default_ingest_pace(),
         }
     }
 }

@@ -295,6 +295,9 @@ pub struct ContextCounters {
     /// The file data requests (reads and writes of file contents) among
     /// them: the context's device traffic, without key-value requests.
     pub file: Counter,
+    /// The file writes among `file`: for a client context, the bytes it
+    /// asks the store to take in (the write-ahead log's, in RocksDB).
+    pub file_writes: Counter,
 }
 
 /// Counters of one workflow.
@@ -421,6 +424,11 @@ impl Collection {
         self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.file)
     }
 
+    /// A request context's file write counters (zero when it has none).
+    pub fn context_file_writes_exact(&self, ctx: RequestContext) -> Counter {
+        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.file_writes)
+    }
+
     /// Rates between an earlier collection and this one.
     pub fn rates_since(&self, earlier: &Collection) -> Rates {
         let dt = self.elapsed_ns.saturating_sub(earlier.elapsed_ns);
@@ -457,6 +465,11 @@ impl Collection {
                 .iter()
                 .map(|c| (c.context, rate(c.file, earlier.context_file_exact(c.context))))
                 .collect(),
+            file_write_contexts: self
+                .contexts
+                .iter()
+                .map(|c| (c.context, rate(c.file_writes, earlier.context_file_writes_exact(c.context))))
+                .collect(),
         }
     }
 }
@@ -484,6 +497,8 @@ pub struct Rates {
     /// Per request context, file data requests (reads and writes of file
     /// contents) only.
     pub file_contexts: Vec<(RequestContext, RatePair)>,
+    /// Per request context, file writes only.
+    pub file_write_contexts: Vec<(RequestContext, RatePair)>,
 }
 
 impl Rates {
@@ -509,6 +524,16 @@ impl Rates {
     /// background (foreground, tenants, application contexts).
     pub fn client_file(&self) -> RatePair {
         self.file_contexts.iter().filter(|c| !c.0.is_background()).fold(RatePair::default(), |acc, c| RatePair {
+            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
+            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
+        })
+    }
+
+    /// The file write rates of client work (every context that is not
+    /// background): in RocksDB, the write-ahead log, i.e. what flushes and
+    /// L0 compactions must keep pace with.
+    pub fn client_file_writes(&self) -> RatePair {
+        self.file_write_contexts.iter().filter(|c| !c.0.is_background()).fold(RatePair::default(), |acc, c| RatePair {
             ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
             bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
         })

@@ -716,12 +716,14 @@ impl Stage {
             .context_totals()
             .into_iter()
             .enumerate()
-            .filter(|&(_, ((ops, _), _))| ops > 0)
-            .filter_map(|(i, ((ops, bytes), (fops, fbytes)))| {
+            .filter(|(_, t)| t.all.0 > 0)
+            .filter_map(|(i, t)| {
+                let counter = |(ops, bytes): (u64, u64)| Counter { ops, bytes };
                 RequestContext::from_id(i as u16).map(|context| ContextCounters {
                     context,
-                    counter: Counter { ops, bytes },
-                    file: Counter { ops: fops, bytes: fbytes },
+                    counter: counter(t.all),
+                    file: counter(t.file),
+                    file_writes: counter(t.writes),
                 })
             })
             .collect();
