@@ -167,9 +167,9 @@ impl AdaptiveConfig {
         0.9
     }
     fn default_ingest_pace() -> f64 {
-        // Off until a side-by-side benchmark run backs a value (3 is the
-        // one the unit tests use: a flush writes each byte once, an
-        // L0->L1 compaction reads it and writes it again).
+        // Off: with 3 (a flush writes each byte once, an L0->L1
+        // compaction reads it and writes it again) write-peaks measured no
+        // gain side by side (results/write-peaks-ingest-pace-2026-12-03).
         0.0
     }
     fn default_calm_share() -> f64 {

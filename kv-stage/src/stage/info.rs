@@ -414,19 +414,20 @@ impl Collection {
         })
     }
 
+    /// One of a request context's own counters (`pick`), without its
+    /// members; zero when it had no traffic.
+    fn context_counter(&self, ctx: RequestContext, pick: fn(&ContextCounters) -> Counter) -> Counter {
+        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, pick)
+    }
+
     /// A request context's own counters, without its members.
     pub fn context_exact(&self, ctx: RequestContext) -> Counter {
-        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.counter)
+        self.context_counter(ctx, |c| c.counter)
     }
 
     /// A request context's own file data counters, without its members.
     pub fn context_file_exact(&self, ctx: RequestContext) -> Counter {
-        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.file)
-    }
-
-    /// A request context's file write counters (zero when it has none).
-    pub fn context_file_writes_exact(&self, ctx: RequestContext) -> Counter {
-        self.contexts.iter().find(|c| c.context == ctx).map_or_else(Counter::default, |c| c.file_writes)
+        self.context_counter(ctx, |c| c.file)
     }
 
     /// Rates between an earlier collection and this one.
@@ -436,6 +437,9 @@ impl Collection {
         let rate = |now: Counter, then: Counter| RatePair {
             ops_per_sec: now.ops.saturating_sub(then.ops) as f64 / secs,
             bytes_per_sec: now.bytes.saturating_sub(then.bytes) as f64 / secs,
+        };
+        let per_context = |pick: fn(&ContextCounters) -> Counter| -> Vec<(RequestContext, RatePair)> {
+            self.contexts.iter().map(|c| (c.context, rate(pick(c), earlier.context_counter(c.context, pick)))).collect()
         };
         Rates {
             interval: Duration::from_nanos(dt),
@@ -455,21 +459,9 @@ impl Collection {
                     ((o.channel.clone(), o.object.clone()), rate(o.counter, then))
                 })
                 .collect(),
-            contexts: self
-                .contexts
-                .iter()
-                .map(|c| (c.context, rate(c.counter, earlier.context_exact(c.context))))
-                .collect(),
-            file_contexts: self
-                .contexts
-                .iter()
-                .map(|c| (c.context, rate(c.file, earlier.context_file_exact(c.context))))
-                .collect(),
-            file_write_contexts: self
-                .contexts
-                .iter()
-                .map(|c| (c.context, rate(c.file_writes, earlier.context_file_writes_exact(c.context))))
-                .collect(),
+            contexts: per_context(|c| c.counter),
+            file_contexts: per_context(|c| c.file),
+            file_write_contexts: per_context(|c| c.file_writes),
         }
     }
 }
@@ -481,6 +473,15 @@ pub struct RatePair {
     pub ops_per_sec: f64,
     /// Bytes per second.
     pub bytes_per_sec: f64,
+}
+
+impl std::iter::Sum for RatePair {
+    fn sum<I: Iterator<Item = RatePair>>(iter: I) -> RatePair {
+        iter.fold(RatePair::default(), |acc, r| RatePair {
+            ops_per_sec: acc.ops_per_sec + r.ops_per_sec,
+            bytes_per_sec: acc.bytes_per_sec + r.bytes_per_sec,
+        })
+    }
 }
 
 /// Rates between two collections.
@@ -505,38 +506,26 @@ impl Rates {
     /// A request context's rates (zero when it had no traffic); for a
     /// class, the sum over the class and its members.
     pub fn context(&self, ctx: RequestContext) -> RatePair {
-        self.contexts.iter().filter(|c| ctx.covers(c.0)).fold(RatePair::default(), |acc, c| RatePair {
-            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
-            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
-        })
+        self.contexts.iter().filter(|c| ctx.covers(c.0)).map(|c| c.1).sum()
     }
 
     /// A request context's file data rates (reads and writes of file
     /// contents, no key-value requests); for a class, over its members too.
     pub fn context_file(&self, ctx: RequestContext) -> RatePair {
-        self.file_contexts.iter().filter(|c| ctx.covers(c.0)).fold(RatePair::default(), |acc, c| RatePair {
-            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
-            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
-        })
+        self.file_contexts.iter().filter(|c| ctx.covers(c.0)).map(|c| c.1).sum()
     }
 
     /// The file data rates of client work: every context that is not
     /// background (foreground, tenants, application contexts).
     pub fn client_file(&self) -> RatePair {
-        self.file_contexts.iter().filter(|c| !c.0.is_background()).fold(RatePair::default(), |acc, c| RatePair {
-            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
-            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
-        })
+        self.file_contexts.iter().filter(|c| !c.0.is_background()).map(|c| c.1).sum()
     }
 
     /// The file write rates of client work (every context that is not
     /// background): in RocksDB, the write-ahead log, i.e. what flushes and
     /// L0 compactions must keep pace with.
     pub fn client_file_writes(&self) -> RatePair {
-        self.file_write_contexts.iter().filter(|c| !c.0.is_background()).fold(RatePair::default(), |acc, c| RatePair {
-            ops_per_sec: acc.ops_per_sec + c.1.ops_per_sec,
-            bytes_per_sec: acc.bytes_per_sec + c.1.bytes_per_sec,
-        })
+        self.file_write_contexts.iter().filter(|c| !c.0.is_background()).map(|c| c.1).sum()
     }
 
     /// A channel's rates.
