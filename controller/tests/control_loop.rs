@@ -205,8 +205,9 @@ fn a_stage_missed_for_a_cycle_is_left_out_and_its_rates_span_the_gap() {
 /// while nothing is busy; a flood of flush bytes makes the device busy and
 /// the flush DRL falls to the calm budget (a third of `D`) while the
 /// others keep the floor; a stall precursor (pressure 0.95) gives the
-/// flush all of `D` even without a backlog; when the flood stops, everything is unlimited
-/// again after `hold`.
+/// flush all that the client leaves of `D` even without a backlog; when the
+/// client leaves, everything is unlimited again after `hold`, though the
+/// flood goes on (nobody to protect).
 #[test]
 fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
     use controller::{AdaptiveConfig, Pressure, WithPressure};
@@ -256,12 +257,22 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(unlimited());
-    // A flush runs and floods the device (256 KiB requests, as fast as
-    // the flush DRL lets them through), bounded in time.
+    // A client reads 4 KiB about every millisecond (light: well below
+    // `busy_foreground_ops`), and a flush floods the device (256 KiB
+    // requests, as fast as the flush DRL lets them through); both bounded
+    // in time.
     stage.job_started(InstanceId(0), C::BG_FLUSH);
     let stop = AtomicBool::new(false);
+    let clients_stop = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let (stage, stop) = (&stage, &stop);
+        let (stage, stop, clients_stop) = (&stage, &stop, &clients_stop);
+        s.spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while !clients_stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                stage.enforce(&Context::new(RequestType::Read, 4096)).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
         s.spawn(move || {
             let _scope = kv_stage::ContextScope::enter(C::BG_FLUSH);
             let until = std::time::Instant::now() + Duration::from_secs(30);
@@ -274,15 +285,20 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
                 && rate("compaction", "l0") == 4.0
                 && rate("compaction", "ln") == 4.0
         });
-        // A stall nears: the flush gets all of D (no foreground), L0 and
-        // LN the floor.
+        // A stall nears: the flush gets all that the client leaves of D,
+        // L0 and LN the floor.
         pressure.store(0.95f64.to_bits(), Ordering::Relaxed);
         wait("promoted", &|| {
-            (rate("flush", "drl") - 60.0).abs() < 1e-6
-                && rate("compaction", "l0") == 4.0
-                && rate("compaction", "ln") == 4.0
+            let f = rate("flush", "drl");
+            f > 55.0 && f <= 60.0 && rate("compaction", "l0") == 4.0 && rate("compaction", "ln") == 4.0
         });
         pressure.store(0f64.to_bits(), Ordering::Relaxed);
+        wait("busy again: the calm budget", &|| (rate("flush", "drl") - 20.0).abs() < 1e-6);
+        // The client leaves while the flush still floods its limit: with
+        // nobody to protect, the binding limit no longer keeps the
+        // instance contended, and the flush runs unlimited after `hold`.
+        clients_stop.store(true, Ordering::Relaxed);
+        wait("no clients: unlimited while the flush still floods", &unlimited);
         stop.store(true, Ordering::Relaxed);
     });
     stage.job_finished(InstanceId(0), C::BG_FLUSH);

@@ -11,7 +11,8 @@
 //!    store's traffic (every context) is at least `busy_share` of the
 //!    device budget `D`, or when clients make at least
 //!    `busy_foreground_ops` requests per second (averaged over 200 ms), or
-//!    when a limit it set binds (a background request waits in its DRL);
+//!    when a limit it set binds (a background request waits in its DRL),
+//!    but only while clients are there at all (see [`Adaptive::has_clients`]);
 //!    the instance stays contended for `hold` after the last busy cycle. Then
 //!    background work gets a budget between a calm share of `D`
 //!    (`calm_share`, with no backlog) and all that clients leave,
@@ -32,9 +33,11 @@
 //!    L0 files and L0 compactions let loose filled the kernel's throttle and
 //!    cost clients a p99 of about a second. Pending compaction bytes
 //!    (deep-level debt) raise the budget instead.
-//! 4. **Debt is paid when clients leave.** Deep compactions are held back
-//!    only while contended; once the instance is not, they are unlimited
-//!    again, so the backlog is paid in the next quiet moment.
+//! 4. **Debt is paid when clients leave.** Background work is held back
+//!    only while contended; once the instance is not, it is unlimited
+//!    again, so the backlog is paid in the next quiet moment. With no
+//!    clients a binding limit does not keep the instance contended: it
+//!    would hold back the work of paying the debt for nobody's sake.
 
 use kv_stage::RequestContext as C;
 use serde::Serialize;
@@ -119,6 +122,10 @@ struct InstanceState {
     wait_ns: u64,
 }
 
+/// Clients count as gone below this share of `busy_foreground_ops` (20
+/// file requests/s with the default 2,000) and with no file traffic.
+const IDLE_SHARE: f64 = 0.01;
+
 /// The time constant of the foreground request rate's moving average.
 const FG_OPS_SMOOTHING: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -153,7 +160,7 @@ impl Adaptive {
         let c = &self.config;
         let d = c.device_bandwidth.bytes_per_sec();
         let min = c.min_bandwidth.bytes_per_sec();
-        let busy = self.is_busy(fg_ops, total_bps);
+        let busy = self.has_clients(fg_ops, fg_bps) && self.is_busy(fg_ops, total_bps);
         let contended = busy || since_busy.is_some_and(|s| s < c.hold.as_secs_f64());
         let left = (d - fg_bps).max(min);
         // What background work gets while contended: a calm share of D with
@@ -215,6 +222,13 @@ impl Adaptive {
         fg_ops >= c.busy_foreground_ops || total_bps >= c.busy_share * c.device_bandwidth.bytes_per_sec()
     }
 
+    /// Whether clients are there at all: their file requests (averaged)
+    /// reach 1% of `busy_foreground_ops`, or their file
+    /// traffic this cycle is not zero.
+    pub fn has_clients(&self, fg_ops: f64, fg_bps: f64) -> bool {
+        fg_ops >= IDLE_SHARE * self.config.busy_foreground_ops || fg_bps > 0.0
+    }
+
     fn state(&mut self, key: InstanceKey) -> &mut InstanceState {
         if let Some(i) = self.state.iter().position(|(k, _)| *k == key) {
             return &mut self.state[i].1;
@@ -261,7 +275,12 @@ impl Adaptive {
         let st = self.state(v.key);
         let binding = waiting > 0 || wait_ns > st.wait_ns;
         st.wait_ns = wait_ns;
-        let busy = binding || self.is_busy(fg_ops, total);
+        // With no clients there is nobody to protect: background traffic
+        // and a binding limit alone do not make a cycle busy, so the debt
+        // is paid at the device's speed once clients leave (and `hold`
+        // has passed).
+        let clients = self.has_clients(fg_ops, fg_bps);
+        let busy = clients && (binding || self.is_busy(fg_ops, total));
         let st = self.state(v.key);
         if busy {
             st.last_busy_s = Some(now_s);
@@ -395,6 +414,26 @@ mod tests {
             let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), Some(10.0), flush, l0);
             assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
         }
+    }
+
+    /// Clients are there while their averaged file requests reach 1% of
+    /// `busy_foreground_ops` or they moved bytes this cycle; a store with
+    /// neither has nobody to protect (the loop test drives this end to end).
+    #[test]
+    fn clients_are_gone_below_the_idle_share_with_no_traffic() {
+        let p = policy();
+        let idle = IDLE_SHARE * AdaptiveConfig::default().busy_foreground_ops;
+        assert!(p.has_clients(idle, 0.0));
+        assert!(p.has_clients(0.0, 1.0));
+        assert!(!p.has_clients(idle * 0.99, 0.0));
+        assert!(!p.has_clients(0.0, 0.0));
+        // The store's own traffic at 50 of 60 MiB/s (busy with clients):
+        // with none, healthy and unlimited once `hold` has passed.
+        let x = p.compute(0.0, 0.0, 0.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true);
+        assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
+        assert!(!x.busy && x.b_l0.is_infinite() && x.b_ln.is_infinite(), "{x:?}");
+        let x = p.compute(1.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true);
+        assert_eq!(x.mode, AdaptiveMode::Contended, "{x:?}");
     }
 
     /// A busy device (the store's traffic at 75% of `D`) or busy clients:
