@@ -124,9 +124,13 @@ struct SystemArgs {
     /// units, `max` = unlimited; needs root).
     #[arg(long, default_value = "emulated:64MiB/s")]
     device: DeviceSpec,
-    /// KVS_B: SILK's budget, the auto-tuned limiter's maximum, what static limits split.
-    #[arg(long, default_value = "56MiB/s")]
-    kvs_bandwidth: Bandwidth,
+    /// KVS_B: SILK's budget, the auto-tuned limiter's maximum, what static
+    /// limits split, the default controller's D. Default: 7/8 of what the
+    /// device moves, reads and writes together (56MiB/s of emulated:64MiB/s;
+    /// 112MiB/s of kernel:rbps=64MiB,wbps=64MiB, which throttles each
+    /// direction on its own).
+    #[arg(long)]
+    kvs_bandwidth: Option<Bandwidth>,
     /// SILK's min_B.
     #[arg(long, default_value = "4MiB/s")]
     min_bandwidth: Bandwidth,
@@ -362,10 +366,15 @@ fn check_system_args(sys: &SystemArgs) -> Result<Vec<SystemKind>> {
     if sys.threads == 0 {
         return Err(Error::Usage("--threads must be at least 1".into()));
     }
-    if sys.min_bandwidth > sys.kvs_bandwidth {
+    if sys.min_bandwidth > kvs_bandwidth(sys) {
         return Err(Error::Usage("--min-bandwidth must not exceed --kvs-bandwidth".into()));
     }
     Ok(kinds)
+}
+
+/// `--kvs-bandwidth`, or the device's default budget.
+fn kvs_bandwidth(sys: &SystemArgs) -> Bandwidth {
+    sys.kvs_bandwidth.unwrap_or_else(|| sys.device.default_budget())
 }
 
 fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
@@ -377,14 +386,14 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
             c.adaptive
         }
         None => controller::AdaptiveConfig {
-            device_bandwidth: sys.kvs_bandwidth,
+            device_bandwidth: kvs_bandwidth(sys),
             min_bandwidth: sys.min_bandwidth,
             ..controller::AdaptiveConfig::default()
         },
     };
     Ok(SystemConfig {
         device: sys.device,
-        kvs: sys.kvs_bandwidth,
+        kvs: kvs_bandwidth(sys),
         min: sys.min_bandwidth,
         silk_interval_ms: 10,
         background_cpu: sys.background_cpu.clone(),

@@ -260,6 +260,37 @@ pub enum DeviceSpec {
     Kernel(IoMax),
 }
 
+/// The share of a device's bandwidth that `KVS_B` is by default (56 MiB/s
+/// of a 64 MiB/s device): some headroom, so that a budget that is used in
+/// full does not queue requests at the device.
+pub const DEFAULT_BUDGET_SHARE: f64 = 0.875;
+
+/// `KVS_B` when a kernel device limits neither bytes direction.
+pub const FALLBACK_BUDGET: f64 = 56.0 * 1048576.0;
+
+impl DeviceSpec {
+    /// The default `KVS_B` (and the default controller's `D`): 7/8 of what
+    /// the device moves per second, reads and writes together, as the
+    /// stage counts them (every DRL charges both). The emulated device
+    /// serves reads and writes from one rate: 7/8 of it. A kernel device
+    /// throttles each direction on its own: 7/8 of `rbps + wbps` (of the
+    /// one that is set, when only one is; [`FALLBACK_BUDGET`] with iops
+    /// limits only).
+    pub fn default_budget(&self) -> Bandwidth {
+        let total = match self {
+            DeviceSpec::Emulated(b) => b.bytes_per_sec(),
+            DeviceSpec::Kernel(l) => {
+                let sum: u64 = [l.rbps, l.wbps].iter().filter_map(|x| x.and_then(|v| v.per_sec())).sum();
+                if sum == 0 {
+                    return Bandwidth::new(FALLBACK_BUDGET).expect("constant");
+                }
+                sum as f64
+            }
+        };
+        Bandwidth::new(DEFAULT_BUDGET_SHARE * total).expect("a device's rate is positive")
+    }
+}
+
 impl FromStr for DeviceSpec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -581,6 +612,18 @@ mod tests {
             let e = bad.parse::<DeviceSpec>().unwrap_err().to_string();
             assert!(e.contains(words), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_default_budget_is_seven_eighths_of_what_the_device_moves() {
+        const MIB: f64 = 1048576.0;
+        let b = |s: &str| s.parse::<DeviceSpec>().unwrap().default_budget().bytes_per_sec() / MIB;
+        assert_eq!(b("emulated:64MiB/s"), 56.0);
+        assert_eq!(b("64MiB/s"), 56.0);
+        assert_eq!(b("kernel:rbps=64MiB,wbps=64MiB"), 112.0);
+        assert_eq!(b("kernel:rbps=64MiB,wbps=32MiB"), 84.0);
+        assert_eq!(b("kernel:wbps=64MiB"), 56.0);
+        assert_eq!(b("kernel:riops=1000"), 56.0);
     }
 
     #[test]
