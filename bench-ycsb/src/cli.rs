@@ -164,6 +164,13 @@ struct SystemArgs {
     /// `device_bandwidth` = --kvs-bandwidth, `min_bandwidth` = --min-bandwidth).
     #[arg(long)]
     adaptive_config: Option<PathBuf>,
+    /// A bound on head-of-line blocking for the default controller
+    /// (`paio-adaptive` only): the largest read or write a flush or
+    /// compaction issues to the device at once, on direct-I/O files (a
+    /// kernel device); larger ones go in pieces of this size (e.g. `64KiB`).
+    /// `0` (the default, until a 3-repeat run backs it): no bound.
+    #[arg(long, default_value = "0", value_parser = parse_request_size)]
+    max_background_request: u64,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
     quiet: bool,
@@ -372,6 +379,15 @@ fn check_system_args(sys: &SystemArgs) -> Result<Vec<SystemKind>> {
     Ok(kinds)
 }
 
+/// A request size in bytes (`64KiB`, `1M`, `0`): a whole number of bytes.
+fn parse_request_size(s: &str) -> std::result::Result<u64, String> {
+    let v = kv_stage::units::parse_bytes(s).map_err(|e| e.to_string())?;
+    if !(0.0..=(1u64 << 40) as f64).contains(&v) || v.fract() != 0.0 {
+        return Err(format!("'{s}' is not a whole number of bytes between 0 and 1TiB"));
+    }
+    Ok(v as u64)
+}
+
 /// `--kvs-bandwidth`, or the device's default budget.
 fn kvs_bandwidth(sys: &SystemArgs) -> Bandwidth {
     sys.kvs_bandwidth.unwrap_or_else(|| sys.device.default_budget())
@@ -398,6 +414,7 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
         silk_interval_ms: 10,
         background_cpu: sys.background_cpu.clone(),
         adaptive,
+        max_background_request: sys.max_background_request,
         db: DbOptions::for_device(&sys.device),
     })
 }
@@ -955,6 +972,22 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
         Err(e) => {
             tracing::error!("{e}");
             2
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_request_size;
+
+    #[test]
+    fn request_sizes_take_units_and_refuse_what_is_not_a_byte_count() {
+        assert_eq!(parse_request_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_request_size("1M"), Ok(1_000_000));
+        assert_eq!(parse_request_size("0"), Ok(0));
+        for bad in ["-1", "1.5", "2TiB", "fast", "64KiB/s"] {
+            let e = parse_request_size(bad).unwrap_err();
+            assert!(e.contains(bad) || e.contains("unit"), "{bad}: {e}");
         }
     }
 }

@@ -350,6 +350,11 @@ pub struct SystemConfig {
     /// The default controller's parameters (`paio-adaptive`): `D` is
     /// `KVS_B` and the floor `min_B` unless a controller file said otherwise.
     pub adaptive: controller::AdaptiveConfig,
+    /// The default controller's bound on head-of-line blocking
+    /// (`paio-adaptive` only): the largest read or write a flush or
+    /// compaction issues at once (0: none), see
+    /// [`rocks_env::StagedDbBuilder::max_background_request`].
+    pub max_background_request: u64,
     /// RocksDB options.
     pub db: DbOptions,
 }
@@ -540,6 +545,9 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
     let mut builder = StagedDb::builder(options.clone()).stage(Arc::clone(&stage));
     if let Some(d) = &device {
         builder = builder.device(Arc::clone(d));
+    }
+    if kind == SystemKind::PaioAdaptive {
+        builder = builder.max_background_request(cfg.max_background_request);
     }
     let db = builder.open(path)?;
     let pressure = matches!(kind, SystemKind::PaioSilkPressure | SystemKind::PaioAdaptive)

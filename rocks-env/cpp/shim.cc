@@ -5,6 +5,8 @@
 
 #include "shim.h"
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -106,18 +108,22 @@ class Handle {
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
 
+  // `piece`, when given, receives the size of the pieces the admitted
+  // request is to be issued in (0: whole).
   IOStatus Enforce(uint8_t op, uint8_t file_kind, uint64_t size,
-                   const IOOptions* opts) const {
+                   const IOOptions* opts, uint64_t* piece = nullptr) const {
     rocks_env_request req;
     req.size = size;
     req.op = op;
     req.file_kind = file_kind;
     req.io_activity = opts != nullptr ? static_cast<uint8_t>(opts->io_activity)
                                       : ROCKS_ENV_ACTIVITY_UNKNOWN;
+    req.piece = 0;
     char msg[256];
     msg[0] = '\0';
     int32_t rc = cbs_.enforce(handle_, &req, msg, sizeof(msg));
     if (rc == ROCKS_ENV_ENFORCE_OK) {
+      if (piece != nullptr) *piece = req.piece;
       return IOStatus::OK();
     }
     msg[sizeof(msg) - 1] = '\0';
@@ -150,6 +156,21 @@ IOStatus Guarded(const Handle& h, uint8_t op, uint8_t file_kind, uint64_t size,
                  const IOOptions& options, Call call) {
   IOStatus s = h.Enforce(op, file_kind, size, &options);
   return s.ok() ? call() : s;
+}
+
+// The size of the pieces to issue a request of `n` bytes at `offset` in,
+// or 0 to issue it whole: the handle asked for pieces smaller than the
+// request, the file does direct I/O (where a request reaches the device as
+// issued) and the request is aligned as direct I/O requires. A piece is
+// rounded up to the alignment, so that every piece but the last is aligned
+// in offset, length and buffer.
+size_t PieceSize(uint64_t piece, uint64_t offset, size_t n, bool direct,
+                 size_t alignment) {
+  if (piece == 0 || !direct || n <= piece) return 0;
+  if (alignment == 0) alignment = 1;
+  if (offset % alignment != 0) return 0;
+  uint64_t rounded = (piece + alignment - 1) / alignment * alignment;
+  return rounded < n ? static_cast<size_t>(rounded) : 0;
 }
 
 }  // namespace
@@ -208,13 +229,40 @@ class StagedRandomAccessFile : public FSRandomAccessFileOwnerWrapper {
         h_(std::move(h)),
         file_kind_(file_kind) {}
 
+  // A large read the handle asks to split (a flush's or a compaction's, on
+  // a direct-I/O file) is read piece by piece into `scratch`, so that a
+  // client's read queued at the device waits behind one piece, not the
+  // whole request. It is enforced and counted once, whole.
   IOStatus Read(uint64_t offset, size_t n, const IOOptions& options,
                 Slice* result, char* scratch,
                 IODebugContext* dbg) const override {
-    return Guarded(*h_, kRead, file_kind_, n, options, [&] {
+    uint64_t asked = 0;
+    IOStatus s = h_->Enforce(kRead, file_kind_, n, &options, &asked);
+    if (!s.ok()) return s;
+    size_t piece =
+        scratch == nullptr
+            ? 0
+            : PieceSize(asked, offset, n, use_direct_io(),
+                        GetRequiredBufferAlignment());
+    if (piece == 0) {
       return FSRandomAccessFileOwnerWrapper::Read(offset, n, options, result,
                                                   scratch, dbg);
-    });
+    }
+    size_t done = 0;
+    while (done < n) {
+      size_t len = std::min(piece, n - done);
+      Slice part;
+      s = FSRandomAccessFileOwnerWrapper::Read(offset + done, len, options,
+                                               &part, scratch + done, dbg);
+      if (!s.ok()) return s;
+      if (part.size() > 0 && part.data() != scratch + done) {
+        std::memmove(scratch + done, part.data(), part.size());
+      }
+      done += part.size();
+      if (part.size() < len) break;  // the end of the file
+    }
+    *result = Slice(scratch, done);
+    return s;
   }
 
   IOStatus MultiRead(FSReadRequest* reqs, size_t num_reqs,
@@ -313,12 +361,25 @@ class StagedWritableFile : public StagedWriting<FSWritableFileOwnerWrapper> {
                    [&] { return Base::Append(data, options, info, dbg); });
   }
 
+  // Direct-I/O writes of flushes and compactions go through here; one the
+  // handle asks to split is written piece by piece, in order (see Read of
+  // the random-access file). The overload with verification info is never
+  // split: its checksum covers the whole buffer.
   IOStatus PositionedAppend(const Slice& data, uint64_t offset,
                             const IOOptions& options,
                             IODebugContext* dbg) override {
-    return Guarded(*h_, kWrite, file_kind_, data.size(), options, [&] {
-      return Base::PositionedAppend(data, offset, options, dbg);
-    });
+    uint64_t asked = 0;
+    IOStatus s = h_->Enforce(kWrite, file_kind_, data.size(), &options, &asked);
+    if (!s.ok()) return s;
+    size_t piece = PieceSize(asked, offset, data.size(), use_direct_io(),
+                             GetRequiredBufferAlignment());
+    if (piece == 0) return Base::PositionedAppend(data, offset, options, dbg);
+    for (size_t done = 0; done < data.size() && s.ok(); done += piece) {
+      size_t len = std::min(piece, data.size() - done);
+      s = Base::PositionedAppend(Slice(data.data() + done, len), offset + done,
+                                 options, dbg);
+    }
+    return s;
   }
 
   IOStatus PositionedAppend(const Slice& data, uint64_t offset,

@@ -69,6 +69,12 @@ typedef struct rocks_env_request {
   uint8_t file_kind;  // rocks_env_file_kind
   // rocksdb::Env::IOActivity, or ROCKS_ENV_ACTIVITY_UNKNOWN
   uint8_t io_activity;
+  // Out, set by the callback when it admits a read or a write (0 before
+  // the call): when nonzero and smaller than `size`, the layer issues the
+  // request to the file system below in pieces of at most this many bytes
+  // (rounded up to the file's alignment), one after the other. Only reads
+  // and positioned appends on files opened for direct I/O are split.
+  uint64_t piece;
 } rocks_env_request;
 
 // What the listener and the Env report.
@@ -109,7 +115,7 @@ enum rocks_env_enforce_result {
 // Returns a rocks_env_enforce_result; on failure the message is written
 // (NUL-terminated, truncated) into `msg`.
 typedef int32_t (*rocks_env_enforce_fn)(const void* handle,
-                                        const rocks_env_request* req, char* msg,
+                                        rocks_env_request* req, char* msg,
                                         size_t msg_len);
 typedef void (*rocks_env_event_fn)(const void* handle,
                                    const rocks_env_event* event);

@@ -36,6 +36,7 @@ pub struct StagedDbBuilder {
     fault: Option<Arc<FaultInjection>>,
     instance: InstanceId,
     column_families: Vec<(String, rocksdb::Options)>,
+    max_background_request: u64,
 }
 
 impl StagedDbBuilder {
@@ -51,6 +52,7 @@ impl StagedDbBuilder {
             fault: None,
             instance: InstanceId(0),
             column_families: Vec::new(),
+            max_background_request: 0,
         }
     }
 
@@ -83,6 +85,23 @@ impl StagedDbBuilder {
         self
     }
 
+    /// The largest read or write, in bytes, a flush or compaction issues to
+    /// the device at once. RocksDB reads compaction input and writes table
+    /// files in requests of a MiB or more under direct I/O (its compaction
+    /// readahead, its writable-file buffer); a client read queued behind
+    /// one at a 64 MiB/s device waits 15-30 ms. With a limit, a larger
+    /// background request on a file opened for direct I/O is issued in
+    /// pieces of at most this size (rounded up to the file's alignment),
+    /// one after the other, so a client request waits behind one piece. The
+    /// request is still enforced and counted once, whole; client requests,
+    /// buffered files and writes carrying checksum hand-off information are
+    /// never split. Default: 0, no limit. [`StagedDb::set_max_background_request`]
+    /// changes it while the DB is open.
+    pub fn max_background_request(mut self, bytes: u64) -> Self {
+        self.max_background_request = bytes;
+        self
+    }
+
     /// A column family to open (all existing ones must be listed, as with
     /// `DB::open_cf_descriptors`; `default` may be omitted).
     pub fn column_family(mut self, name: impl Into<String>, options: rocksdb::Options) -> Self {
@@ -103,6 +122,7 @@ impl StagedDbBuilder {
         };
         stage.open_instance(self.instance, &path.display().to_string())?;
         let io = DbIo::new(stage, self.instance);
+        io.set_max_background_request(self.max_background_request);
         // If anything below fails, the instance is given back.
         let guard = OpenGuard(&io);
         let mut options = self.options.clone();
@@ -230,6 +250,18 @@ impl StagedDb {
     /// statistics (`Options::enable_statistics`).
     pub fn stall_micros(&self) -> Option<u64> {
         self.statistics.then(|| self._options.get_ticker_count(rocksdb::statistics::Ticker::StallMicros))
+    }
+
+    /// The largest request a flush or compaction issues at once (0: no
+    /// limit); see [`StagedDbBuilder::max_background_request`].
+    pub fn max_background_request(&self) -> u64 {
+        self.io.max_background_request()
+    }
+
+    /// Changes [`Self::max_background_request`]; requests that start after
+    /// the call use it.
+    pub fn set_max_background_request(&self, bytes: u64) {
+        self.io.set_max_background_request(bytes);
     }
 
     /// Requests the stage refused (each became an I/O error in RocksDB).

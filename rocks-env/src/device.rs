@@ -10,6 +10,7 @@
 //! long as the transfer would take. It is off unless a DB is opened with
 //! one, and several DBs may share one device (one disk).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::ffi::Sink;
-use crate::wire::{FileOp, Request};
+use crate::wire::{Activity, FileOp, Request};
 
 /// How much transfer time the device can bank while idle.
 const BURST: Duration = Duration::from_millis(1);
@@ -44,12 +45,18 @@ pub struct DeviceStats {
     pub wait_ns: u64,
     /// Requests waiting right now.
     pub waiting: u64,
+    /// The largest read or write of a flush or a compaction (as RocksDB
+    /// marks its I/O) the device was handed, in bytes; the stage above may
+    /// have split a larger one (see
+    /// [`StagedDbBuilder::max_background_request`](crate::StagedDbBuilder::max_background_request)).
+    pub largest_background_request: u64,
 }
 
 /// An emulated device of a given bandwidth.
 pub struct Device {
     drl: Drl,
     bandwidth: Mutex<Bandwidth>,
+    largest: AtomicU64,
 }
 
 impl std::fmt::Debug for Device {
@@ -63,7 +70,7 @@ impl Device {
     pub fn new(bandwidth: Bandwidth) -> Arc<Device> {
         let spec = DrlSpec { rate: bandwidth.rate(), burst: None, refill_period: Some(BURST) };
         let drl = Drl::new(spec).expect("a positive bandwidth with a 1 ms burst is a valid DRL");
-        Arc::new(Device { drl, bandwidth: Mutex::new(bandwidth) })
+        Arc::new(Device { drl, bandwidth: Mutex::new(bandwidth), largest: AtomicU64::new(0) })
     }
 
     /// Parses a bandwidth such as `"128MiB/s"`.
@@ -106,6 +113,7 @@ impl Device {
             waits: s.waits,
             wait_ns: s.wait_ns,
             waiting: s.waiting,
+            largest_background_request: self.largest.load(Ordering::Relaxed),
         }
     }
 }
@@ -115,6 +123,12 @@ impl Device {
 impl Sink for Device {
     fn enforce(&self, req: &Request) -> std::result::Result<(), EnforceError> {
         if matches!(req.op, FileOp::Read | FileOp::Write) {
+            // Read first: the line is written only when the maximum grows.
+            if matches!(req.activity, Activity::Flush | Activity::Compaction)
+                && req.size > self.largest.load(Ordering::Relaxed)
+            {
+                self.largest.fetch_max(req.size, Ordering::Relaxed);
+            }
             self.transfer(req.size);
         }
         Ok(())
@@ -124,7 +138,7 @@ impl Sink for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Activity, FileKind};
+    use crate::wire::FileKind;
     use std::time::Instant;
 
     #[test]

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use kv_stage::{EnforceError, errors::EnforceErrorKind};
 
 use crate::wire::{
-    ENFORCE_OK, ENFORCE_PANIC, ENFORCE_REFUSED, ENFORCE_SHUT_DOWN, Event, RawEvent, RawFaultReport, RawFaultRule,
-    RawRequest, Request,
+    ENFORCE_OK, ENFORCE_PANIC, ENFORCE_REFUSED, ENFORCE_SHUT_DOWN, Event, FileOp, RawEvent, RawFaultReport,
+    RawFaultRule, RawRequest, Request,
 };
 
 /// What a hook layer hands requests to and the Env and listener report
@@ -26,12 +26,19 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// with the error's message.
     fn enforce(&self, req: &Request) -> Result<(), EnforceError>;
 
+    /// For a read or write `enforce` admitted: the size of the pieces the
+    /// layer is to issue it in below, one after the other (0 or at least
+    /// `req.size`: whole). Asked on the request's own thread.
+    fn piece(&self, _req: &Request) -> u64 {
+        0
+    }
+
     /// A flush, compaction, task or background error (layers below the
     /// stage receive none).
     fn on_event(&self, _ev: Event) {}
 }
 
-type EnforceFn = extern "C" fn(*const c_void, *const RawRequest, *mut c_char, usize) -> i32;
+type EnforceFn = extern "C" fn(*const c_void, *mut RawRequest, *mut c_char, usize) -> i32;
 type EventFn = extern "C" fn(*const c_void, *const RawEvent);
 type ReleaseFn = extern "C" fn(*const c_void);
 
@@ -175,13 +182,28 @@ fn read_message(p: *const c_char) -> Option<String> {
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-extern "C" fn enforce_trampoline<S: Sink>(
-    h: *const c_void,
-    req: *const RawRequest,
-    msg: *mut c_char,
-    len: usize,
-) -> i32 {
-    let result = catch_unwind(AssertUnwindSafe(|| handle::<S>(h).enforce(&Request::decode(&read(req)))));
+/// Writes the piece size back into the request the shim passed.
+#[expect(unsafe_code, reason = "writing the out field of a struct the shim passed by pointer")]
+fn write_piece(req: *mut RawRequest, piece: u64) {
+    // SAFETY: the shim passes a pointer to a live, initialized, writable
+    // struct on its stack (Handle::Enforce) that nothing else touches during
+    // the callback; the layouts match (see `read`).
+    unsafe { (*req).piece = piece };
+}
+
+extern "C" fn enforce_trampoline<S: Sink>(h: *const c_void, req: *mut RawRequest, msg: *mut c_char, len: usize) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let sink = handle::<S>(h);
+        let request = Request::decode(&read(req.cast_const()));
+        sink.enforce(&request)?;
+        if matches!(request.op, FileOp::Read | FileOp::Write) {
+            let piece = sink.piece(&request);
+            if piece != 0 && piece < request.size {
+                write_piece(req, piece);
+            }
+        }
+        Ok::<(), EnforceError>(())
+    }));
     match result {
         Ok(Ok(())) => ENFORCE_OK,
         Ok(Err(e)) => {

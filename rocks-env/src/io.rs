@@ -266,6 +266,10 @@ pub(crate) struct DbIo {
     closing: AtomicBool,
     refused: AtomicU64,
     bg_errors: Mutex<BackgroundErrors>,
+    /// The largest read or write a background context issues to the file
+    /// system below at once (0: no limit); see
+    /// [`StagedDbBuilder::max_background_request`](crate::StagedDbBuilder::max_background_request).
+    max_background_request: AtomicU64,
 }
 
 impl DbIo {
@@ -281,7 +285,16 @@ impl DbIo {
             closing: AtomicBool::new(false),
             refused: AtomicU64::new(0),
             bg_errors: Mutex::new(BackgroundErrors::default()),
+            max_background_request: AtomicU64::new(0),
         })
+    }
+
+    pub(crate) fn set_max_background_request(&self, bytes: u64) {
+        self.max_background_request.store(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn max_background_request(&self) -> u64 {
+        self.max_background_request.load(Ordering::Relaxed)
     }
 
     pub(crate) fn stage(&self) -> &Arc<Stage> {
@@ -479,6 +492,15 @@ impl Sink for DbIo {
         }
         self.files.add(cell(req.file, req.op), req.size);
         Ok(())
+    }
+
+    fn piece(&self, req: &Request) -> u64 {
+        let max = self.max_background_request.load(Ordering::Relaxed);
+        // Only large requests pay for classifying twice.
+        if max == 0 || req.size <= max || self.closing.load(Ordering::Relaxed) {
+            return 0;
+        }
+        if self.context_of(req).0.is_background() { max } else { 0 }
     }
 
     fn on_event(&self, ev: Event) {

@@ -13,6 +13,8 @@ pub(crate) struct RawRequest {
     pub(crate) op: u8,
     pub(crate) file_kind: u8,
     pub(crate) io_activity: u8,
+    /// Out: the pieces an admitted read or write is issued in (0: whole).
+    pub(crate) piece: u64,
 }
 
 /// `rocks_env_event` (shim.h).
@@ -354,7 +356,7 @@ mod tests {
         // No IOActivity has this value, so it decodes as "other".
         assert_eq!(constant("ROCKS_ENV_ACTIVITY_UNKNOWN "), 0xFF);
         assert_eq!(
-            Request::decode(&RawRequest { size: 0, op: 0, file_kind: 0, io_activity: 0xFF }).activity,
+            Request::decode(&RawRequest { size: 0, op: 0, file_kind: 0, io_activity: 0xFF, piece: 0 }).activity,
             Activity::Other
         );
         for (v, name) in [
@@ -374,7 +376,7 @@ mod tests {
 
     #[test]
     fn unknown_numbers_decode_conservatively() {
-        let r = Request::decode(&RawRequest { size: 5, op: 200, file_kind: 99, io_activity: 7 });
+        let r = Request::decode(&RawRequest { size: 5, op: 200, file_kind: 99, io_activity: 7, piece: 0 });
         assert_eq!(
             (r.op.request_type(), r.file, r.activity),
             (RequestType::Metadata, FileKind::Other, Activity::Other)
