@@ -89,7 +89,7 @@ impl StagedDbBuilder {
     /// the device at once. RocksDB reads compaction input and writes table
     /// files in requests of a MiB or more under direct I/O (its compaction
     /// readahead, its writable-file buffer); a client read queued behind
-    /// one at a 64 MiB/s device waits 15-30 ms. With a limit, a larger
+    /// one at a 64 MiB/s device waits about 16 ms per MiB. With a limit, a larger
     /// background request on a file opened for direct I/O is issued in
     /// pieces of at most this size (rounded up to the file's alignment),
     /// one after the other, so a client request waits behind one piece. The

@@ -495,7 +495,7 @@ impl Sink for DbIo {
     }
 
     fn piece(&self, req: &Request) -> u64 {
-        let max = self.max_background_request.load(Ordering::Relaxed);
+        let max = self.max_background_request();
         // Only large requests pay for classifying twice.
         if max == 0 || req.size <= max || self.closing.load(Ordering::Relaxed) {
             return 0;
