@@ -401,11 +401,16 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
                 .map_err(|e| Error::Usage(format!("--adaptive-config {}: {e}", path.display())))?;
             c.adaptive
         }
-        None => controller::AdaptiveConfig {
-            device_bandwidth: kvs_bandwidth(sys),
-            min_bandwidth: sys.min_bandwidth,
-            ..controller::AdaptiveConfig::default()
-        },
+        None => {
+            let (read_bandwidth, write_bandwidth) = sys.device.direction_budgets();
+            controller::AdaptiveConfig {
+                device_bandwidth: kvs_bandwidth(sys),
+                min_bandwidth: sys.min_bandwidth,
+                read_bandwidth,
+                write_bandwidth,
+                ..controller::AdaptiveConfig::default()
+            }
+        }
     };
     Ok(SystemConfig {
         device: sys.device,

@@ -291,6 +291,26 @@ impl DeviceSpec {
     }
 }
 
+impl DeviceSpec {
+    /// The default controller's per-direction budgets
+    /// ([`controller::AdaptiveConfig::read_bandwidth`] and `write_bandwidth`):
+    /// 7/8 of a kernel device's `rbps` and `wbps`, each when set. The
+    /// emulated device serves both directions from one rate: none.
+    pub fn direction_budgets(&self) -> (Option<Bandwidth>, Option<Bandwidth>) {
+        match self {
+            DeviceSpec::Emulated(_) => (None, None),
+            DeviceSpec::Kernel(l) => {
+                let share = |x: Option<_>| {
+                    x.and_then(|v: kv_stage::iomax::Limit| v.per_sec())
+                        .filter(|&v| v > 0)
+                        .and_then(|v| Bandwidth::new(DEFAULT_BUDGET_SHARE * v as f64).ok())
+                };
+                (share(l.rbps), share(l.wbps))
+            }
+        }
+    }
+}
+
 impl FromStr for DeviceSpec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -632,6 +652,15 @@ mod tests {
         assert_eq!(b("kernel:rbps=64MiB,wbps=32MiB"), 84.0);
         assert_eq!(b("kernel:wbps=64MiB"), 56.0);
         assert_eq!(b("kernel:riops=1000"), 56.0);
+        // Per direction: 7/8 of each limit a kernel device sets.
+        let d = |s: &str| {
+            let (r, w) = s.parse::<DeviceSpec>().unwrap().direction_budgets();
+            (r.map(|x| x.bytes_per_sec() / MIB), w.map(|x| x.bytes_per_sec() / MIB))
+        };
+        assert_eq!(d("emulated:64MiB/s"), (None, None));
+        assert_eq!(d("kernel:rbps=64MiB,wbps=32MiB"), (Some(56.0), Some(28.0)));
+        assert_eq!(d("kernel:wbps=64MiB"), (None, Some(56.0)));
+        assert_eq!(d("kernel:riops=1000"), (None, None));
     }
 
     #[test]

@@ -317,6 +317,14 @@ mod tests {
         assert_eq!(adaptive.policy, PolicyKind::Adaptive);
         assert_eq!(adaptive.adaptive, AdaptiveConfig::default());
         assert_eq!(adaptive.effective_interval(), Duration::from_millis(10));
+        // The per-direction keys, commented out in the example.
+        let directed = ControllerConfig::from_toml(
+            "policy = \"adaptive\"\n[adaptive]\nread_bandwidth = \"56MiB/s\"\nwrite_bandwidth = \"28MiB/s\"\n",
+        )
+        .unwrap();
+        let mib = |b: Option<kv_stage::units::Bandwidth>| b.map(|b| b.bytes_per_sec() / 1048576.0);
+        assert_eq!(mib(directed.adaptive.read_bandwidth), Some(56.0));
+        assert_eq!(mib(directed.adaptive.write_bandwidth), Some(28.0));
         let fair = ControllerConfig::from_toml(include_str!("../examples/configs/fair_share.toml")).unwrap();
         assert_eq!(fair.policy, PolicyKind::MaxMin);
         assert_eq!(fair.effective_interval(), Duration::from_secs(1));

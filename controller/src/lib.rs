@@ -76,7 +76,7 @@ pub use controller::{
 pub use error::{Error, Result};
 pub use handle::{HandleError, IntoStageHandle, ObjectControl, StageHandle, WithPressure};
 pub use policy::{
-    Adaptive, AdaptiveConfig, AdaptiveInputs, AdaptiveMode, Decision, FairShare, FairShareMode, FlowInput,
+    Adaptive, AdaptiveConfig, AdaptiveInputs, AdaptiveMode, Decision, Directions, FairShare, FairShareMode, FlowInput,
     InstanceConfig, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, PressureConfig,
     Setting, Silk, SilkBranch, SilkConfig, SilkInputs, water_fill,
 };

@@ -252,11 +252,9 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
             && rate("compaction", "l0").is_infinite()
             && rate("compaction", "ln").is_infinite()
     };
-    // Healthy: nothing limited.
-    while ctl.cycles() < 5 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(unlimited());
+    // A new instance starts contended for `hold` (100 ms), then, with no
+    // traffic, is healthy: nothing limited.
+    wait("healthy after the start's hold", &unlimited);
     // A client reads 4 KiB about every millisecond (light: well below
     // `busy_foreground_ops`), and a flush floods the device (256 KiB
     // requests, as fast as the flush DRL lets them through); both bounded
@@ -310,6 +308,7 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
     for m in ["healthy", "contended", "promoted"] {
         assert!(modes.iter().any(|x| x == m), "no {m} cycle in {modes:?}");
     }
+    assert_eq!(modes[0], "contended", "the first cycle starts contended");
 }
 
 #[test]

@@ -38,6 +38,18 @@
 //!    again, so the backlog is paid in the next quiet moment. With no
 //!    clients a binding limit does not keep the instance contended: it
 //!    would hold back the work of paying the debt for nobody's sake.
+//! 5. **A new instance starts contended**, for `hold`: until its first
+//!    rates the policy cannot tell a healthy store from a cold one whose
+//!    compactions are about to fill the device.
+//! 6. **A device that limits each direction.** With `read_bandwidth` or
+//!    `write_bandwidth` set (a cgroup's `rbps` and `wbps`), a direction the
+//!    store fills to `busy_share` makes a cycle busy, and while contended
+//!    background work gets no more than fits the room clients leave in
+//!    each direction, at the share of its bytes that go that way. `D`
+//!    counts both directions; in a cold start clients' reads (cache misses)
+//!    and an L0 compaction's reads fill the read side while `D - Fg` still
+//!    looks roomy, and the kernel queues client reads behind compaction
+//!    reads.
 
 use kv_stage::RequestContext as C;
 use serde::Serialize;
@@ -47,6 +59,39 @@ use super::params::AdaptiveConfig;
 use super::{
     Decision, InstanceKey, InstanceView, ObjectRef, Observation, Policy, PolicyError, Pressure, Setting, drls_for,
 };
+
+/// The store's file traffic per direction, for a device that limits reads
+/// and writes each on its own ([`AdaptiveConfig::read_bandwidth`],
+/// [`AdaptiveConfig::write_bandwidth`]). Clients' traffic is the cycle's,
+/// as `Fg` is; background traffic is averaged over about 200 ms (a 10 ms
+/// cycle sees one 1 MiB compaction request as 100 MiB/s).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Directions {
+    /// Client file reads this cycle, bytes/s.
+    pub fg_read_bps: f64,
+    /// Client file writes this cycle, bytes/s.
+    pub fg_write_bps: f64,
+    /// Background (flush and compaction) file reads, averaged, bytes/s.
+    pub bg_read_bps: f64,
+    /// Background file writes, averaged, bytes/s.
+    pub bg_write_bps: f64,
+    /// The share of background bytes that are reads: how a background
+    /// budget splits between the directions (kept from the last traffic
+    /// while there is none).
+    pub bg_read_share: f64,
+}
+
+impl Default for Directions {
+    /// No traffic; background bytes assumed half reads (a compaction reads
+    /// about what it writes).
+    fn default() -> Self {
+        Directions { fg_read_bps: 0.0, fg_write_bps: 0.0, bg_read_bps: 0.0, bg_write_bps: 0.0, bg_read_share: 0.5 }
+    }
+}
+
+/// Below this share of background bytes a direction does not bound the
+/// background budget (dividing its room by a share near 0 says nothing).
+const MIN_DIRECTION_SHARE: f64 = 0.05;
 
 /// What the policy did for an instance in a cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -89,11 +134,18 @@ pub struct AdaptiveInputs {
     pub total_bps: f64,
     /// The store's pressure (0 when its handle does not report one).
     pub pressure: Pressure,
+    /// Traffic per direction (what bounds `left_bps` on a device that
+    /// limits each direction).
+    pub directions: Directions,
+    /// The most background work may use so that it fits the room clients
+    /// leave in each limited direction (`INFINITY` when no direction is
+    /// limited).
+    pub direction_left_bps: f64,
     /// This cycle counted as busy.
     pub busy: bool,
     /// What the policy did.
     pub mode: AdaptiveMode,
-    /// `max(D - Fg, min_B)`.
+    /// `max(min(D - Fg, direction_left_bps), min_B)`.
     pub left_bps: f64,
     /// What background work gets while contended: from `calm_share * D`
     /// (no pressure) up to `left_bps` (pressure at `ramp_to`).
@@ -120,6 +172,8 @@ struct InstanceState {
     /// Nanoseconds background requests had waited in their DRLs, at the
     /// last cycle.
     wait_ns: u64,
+    /// The per-direction traffic (background's averaged like `fg_ops`).
+    directions: Option<Directions>,
 }
 
 /// Clients count as gone below this share of `busy_foreground_ops` (20
@@ -144,7 +198,9 @@ impl Adaptive {
 
     /// One instance's decision from its inputs: `since_busy` is the
     /// seconds since the last busy cycle (0 when this one is), `flush_active`
-    /// and `l0_active` whether flushes and L0 compactions run.
+    /// and `l0_active` whether flushes and L0 compactions run, `directions`
+    /// the traffic per direction (it matters only with `read_bandwidth` or
+    /// `write_bandwidth` set).
     #[allow(clippy::too_many_arguments)]
     pub fn compute(
         &self,
@@ -156,13 +212,15 @@ impl Adaptive {
         since_busy: Option<f64>,
         flush_active: bool,
         l0_active: bool,
+        directions: Directions,
     ) -> AdaptiveInputs {
         let c = &self.config;
         let d = c.device_bandwidth.bytes_per_sec();
         let min = c.min_bandwidth.bytes_per_sec();
-        let busy = self.has_clients(fg_ops, fg_bps) && self.is_busy(fg_ops, total_bps);
+        let busy = self.has_clients(fg_ops, fg_bps) && self.is_busy(fg_ops, total_bps, &directions);
         let contended = busy || since_busy.is_some_and(|s| s < c.hold.as_secs_f64());
-        let left = (d - fg_bps).max(min);
+        let direction_left = self.direction_left(&directions);
+        let left = (d - fg_bps).min(direction_left).max(min);
         // What background work gets while contended: a calm share of D with
         // no backlog, all that clients leave as the backlog grows.
         let calm = (c.calm_share * d).min(left).max(min);
@@ -205,6 +263,8 @@ impl Adaptive {
             fg_ops,
             total_bps,
             pressure,
+            directions,
+            direction_left_bps: direction_left,
             busy,
             mode,
             left_bps: left,
@@ -216,10 +276,36 @@ impl Adaptive {
         }
     }
 
-    /// Whether a cycle with these rates counts as busy.
-    pub fn is_busy(&self, fg_ops: f64, total_bps: f64) -> bool {
+    /// Whether a cycle with these rates counts as busy: busy clients, the
+    /// store's traffic at `busy_share` of `D`, or a limited direction
+    /// filled to `busy_share` of its bandwidth.
+    pub fn is_busy(&self, fg_ops: f64, total_bps: f64, directions: &Directions) -> bool {
         let c = &self.config;
-        fg_ops >= c.busy_foreground_ops || total_bps >= c.busy_share * c.device_bandwidth.bytes_per_sec()
+        let full = |cap: Option<kv_stage::units::Bandwidth>, used: f64| {
+            cap.is_some_and(|b| b.bytes_per_sec().is_finite() && used >= c.busy_share * b.bytes_per_sec())
+        };
+        fg_ops >= c.busy_foreground_ops
+            || total_bps >= c.busy_share * c.device_bandwidth.bytes_per_sec()
+            || full(c.read_bandwidth, directions.fg_read_bps + directions.bg_read_bps)
+            || full(c.write_bandwidth, directions.fg_write_bps + directions.bg_write_bps)
+    }
+
+    /// The most background work may use so that, at its share of reads and
+    /// writes, it fits the room clients leave in each limited direction:
+    /// `min((R - Fg_read) / read_share, (W - Fg_write) / write_share)`.
+    /// `INFINITY` with no limited direction.
+    pub fn direction_left(&self, directions: &Directions) -> f64 {
+        let c = &self.config;
+        let share_r = directions.bg_read_share.clamp(0.0, 1.0);
+        let room = |cap: Option<kv_stage::units::Bandwidth>, used: f64, share: f64| match cap {
+            Some(b) if share >= MIN_DIRECTION_SHARE => (b.bytes_per_sec() - used).max(0.0) / share,
+            _ => f64::INFINITY,
+        };
+        room(c.read_bandwidth, directions.fg_read_bps, share_r).min(room(
+            c.write_bandwidth,
+            directions.fg_write_bps,
+            1.0 - share_r,
+        ))
     }
 
     /// Whether clients are there at all: their file requests (averaged)
@@ -251,14 +337,52 @@ impl Adaptive {
         let fg_bps = v.rates.client_file().bytes_per_sec;
         let ingest_bps = v.rates.client_file_writes().bytes_per_sec;
         let total: f64 = v.rates.file_contexts.iter().map(|(_, r)| r.bytes_per_sec).sum();
+        let bg_write: f64 =
+            v.rates.file_write_contexts.iter().filter(|(c, _)| c.is_background()).map(|(_, r)| r.bytes_per_sec).sum();
+        let bg_total: f64 =
+            v.rates.file_contexts.iter().filter(|(c, _)| c.is_background()).map(|(_, r)| r.bytes_per_sec).sum();
+        let bg_read = (bg_total - bg_write).max(0.0);
         let pressure = v.pressure.unwrap_or_default();
         let a = (v.rates.interval.as_secs_f64() / FG_OPS_SMOOTHING.as_secs_f64()).clamp(0.0, 1.0);
         let st = self.state(v.key);
+        if st.fg_ops.is_none() {
+            // A new instance starts contended (for `hold`): before its
+            // first rates the policy cannot tell a healthy store from a
+            // cold one whose compactions are about to fill the device.
+            st.last_busy_s = Some(now_s);
+        }
         let fg_ops = match st.fg_ops {
             Some(prev) => prev + a * (fg_ops_now - prev),
             None => fg_ops_now,
         };
         st.fg_ops = Some(fg_ops);
+        let now = [(fg_bps - ingest_bps).max(0.0), ingest_bps, bg_read, bg_write];
+        let directions = match st.directions {
+            None => Directions {
+                fg_read_bps: now[0],
+                fg_write_bps: now[1],
+                bg_read_bps: now[2],
+                bg_write_bps: now[3],
+                ..Directions::default()
+            },
+            Some(p) => {
+                let avg = |prev: f64, x: f64| prev + a * (x - prev);
+                Directions {
+                    fg_read_bps: now[0],
+                    fg_write_bps: now[1],
+                    bg_read_bps: avg(p.bg_read_bps, now[2]),
+                    bg_write_bps: avg(p.bg_write_bps, now[3]),
+                    bg_read_share: p.bg_read_share,
+                }
+            }
+        };
+        // Bytes-weighted: the share of the averaged background bytes.
+        let bg = directions.bg_read_bps + directions.bg_write_bps;
+        let directions = Directions {
+            bg_read_share: if bg > 0.0 { directions.bg_read_bps / bg } else { directions.bg_read_share },
+            ..directions
+        };
+        st.directions = Some(directions);
         let flush = drls_for(&v.info, C::BG_FLUSH);
         let l0 = drls_for(&v.info, C::BG_COMPACTION_L0_L1);
         let ln = drls_for(&v.info, C::BG_COMPACTION_LN);
@@ -280,7 +404,7 @@ impl Adaptive {
         // is paid at the device's speed once clients leave (and `hold`
         // has passed).
         let clients = self.has_clients(fg_ops, fg_bps);
-        let busy = clients && (binding || self.is_busy(fg_ops, total));
+        let busy = clients && (binding || self.is_busy(fg_ops, total, &directions));
         let st = self.state(v.key);
         if busy {
             st.last_busy_s = Some(now_s);
@@ -295,6 +419,7 @@ impl Adaptive {
             since_busy,
             v.job_active(C::BG_FLUSH),
             v.job_active(C::BG_COMPACTION_L0_L1),
+            directions,
         );
         x.busy = busy;
         let hysteresis = self.config.min_bandwidth.bytes_per_sec() / 4.0;
@@ -327,6 +452,11 @@ impl Adaptive {
             "binding": binding,
             "since_busy_s": since_busy,
             "mode": x.mode,
+            "fg_read_bps": x.directions.fg_read_bps,
+            "bg_read_bps": x.directions.bg_read_bps,
+            "bg_write_bps": x.directions.bg_write_bps,
+            "bg_read_share": x.directions.bg_read_share,
+            "direction_left_bps": rate_note(x.direction_left_bps),
             "left_bps": x.left_bps,
             "budget_bps": x.budget_bps,
             "ingest_budget_bps": x.ingest_budget_bps,
@@ -377,6 +507,10 @@ mod tests {
 
     const MIB: f64 = 1048576.0;
 
+    /// No per-direction traffic (the policies here limit no direction).
+    const NONE: Directions =
+        Directions { fg_read_bps: 0.0, fg_write_bps: 0.0, bg_read_bps: 0.0, bg_write_bps: 0.0, bg_read_share: 0.5 };
+
     /// Backlog only (pending compaction bytes).
     fn backlog(level: f64) -> Pressure {
         Pressure::new(0.0, 0.0, level)
@@ -407,11 +541,11 @@ mod tests {
     fn healthy_store_sets_no_limit() {
         let p = policy();
         for (flush, l0) in [(false, false), (true, false), (false, true), (true, true)] {
-            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), None, flush, l0);
+            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), None, flush, l0, NONE);
             assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
             assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite(), "{x:?}");
             // A busy cycle long past (beyond `hold`) changes nothing.
-            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), Some(10.0), flush, l0);
+            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.1), Some(10.0), flush, l0, NONE);
             assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
         }
     }
@@ -429,10 +563,10 @@ mod tests {
         assert!(!p.has_clients(0.0, 0.0));
         // The store's own traffic at 50 of 60 MiB/s (busy with clients):
         // with none, healthy and unlimited once `hold` has passed.
-        let x = p.compute(0.0, 0.0, 0.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true);
+        let x = p.compute(0.0, 0.0, 0.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
         assert!(!x.busy && x.b_l0.is_infinite() && x.b_ln.is_infinite(), "{x:?}");
-        let x = p.compute(1.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true);
+        let x = p.compute(1.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended, "{x:?}");
     }
 
@@ -443,21 +577,21 @@ mod tests {
     fn contention_splits_the_calm_budget_silk_style_and_holds() {
         let p = policy();
         // The device: 50 of 60 MiB/s, light clients.
-        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, false);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, false, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!(x.busy);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (20.0, 4.0, 4.0));
-        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), true, true, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
-        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), false, false);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.0), Some(0.0), false, false, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 4.0, 20.0));
         // Busy clients on a quiet device.
-        let x = p.compute(8.0 * MIB, 0.0, 5000.0, 8.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        let x = p.compute(8.0 * MIB, 0.0, 5000.0, 8.0 * MIB, backlog(0.0), Some(0.0), false, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!((x.b_l0 / MIB - 20.0).abs() < 1e-6);
         // A quiet cycle within `hold` of the last busy one stays contended.
         let hold = AdaptiveConfig::default().hold.as_secs_f64();
-        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.0), Some(hold / 2.0), false, false);
+        let x = p.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.0), Some(hold / 2.0), false, false, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert!(!x.busy);
     }
@@ -469,13 +603,13 @@ mod tests {
         let p = policy();
         // Clients use 10: left = 50; ramp from 0.25 to 0.75.
         for (pressure, budget) in [(0.0, 20.0), (0.25, 20.0), (0.5, 35.0), (0.75, 50.0), (0.85, 50.0)] {
-            let x = p.compute(10.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, true);
+            let x = p.compute(10.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(pressure), Some(0.0), false, true, NONE);
             assert_eq!(x.mode, AdaptiveMode::Contended, "{pressure}");
             assert!((x.budget_bps / MIB - budget).abs() < 1e-9, "pressure {pressure}: {x:?}");
             assert_eq!(x.b_l0, x.budget_bps);
         }
         // Clients take nearly all of D: the budget is the floor.
-        let x = p.compute(58.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        let x = p.compute(58.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(0.0), Some(0.0), false, true, NONE);
         assert_eq!(x.budget_bps / MIB, 4.0);
     }
 
@@ -489,21 +623,22 @@ mod tests {
         let at = AdaptiveConfig::default().promote_at;
         // Clients use 16: left = 44, all of it for flush and L0 (the calm
         // budget would be 20).
-        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at), Some(0.0), true, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at), Some(0.0), true, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Promoted);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (22.0, 22.0, 4.0));
-        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at), Some(0.0), false, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at), Some(0.0), false, true, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 44.0, 4.0));
-        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at * 0.99), Some(0.0), true, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, l0(at * 0.99), Some(0.0), true, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         // Full memtables count as L0 files do ...
-        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, Pressure::new(0.0, 1.0, 0.0), Some(0.0), true, false);
+        let x =
+            p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, Pressure::new(0.0, 1.0, 0.0), Some(0.0), true, false, NONE);
         assert_eq!(x.mode, AdaptiveMode::Promoted);
         // ... deep-level debt does not: it raises the budget instead.
-        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(3.0), Some(0.0), true, true);
+        let x = p.compute(16.0 * MIB, 0.0, 5000.0, 60.0 * MIB, backlog(3.0), Some(0.0), true, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (22.0, 22.0, 4.0));
-        let x = p.compute(1.0 * MIB, 0.0, 100.0, 10.0 * MIB, l0(at * 2.0), None, false, false);
+        let x = p.compute(1.0 * MIB, 0.0, 100.0, 10.0 * MIB, l0(at * 2.0), None, false, false, NONE);
         assert_eq!(x.mode, AdaptiveMode::Draining);
         assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite());
     }
@@ -517,27 +652,79 @@ mod tests {
         let p = Adaptive::new(&AdaptiveConfig { ingest_pace: 3.0, ..policy().config });
         // Clients: 14 MiB/s of traffic, 12 of it writes; left = 46, the
         // ingest path 36 (3 x 12) against a calm budget of 20.
-        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (18.0, 18.0, 4.0));
-        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, false);
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, false, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (36.0, 4.0, 4.0));
         // Only deep compactions run: the calm budget, not the ingest pace.
-        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), false, false);
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), false, false, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 4.0, 20.0));
         // Capped at what clients leave: 20 MiB/s of writes, 40 left.
-        let x = p.compute(20.0 * MIB, 20.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), false, true);
+        let x = p.compute(20.0 * MIB, 20.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), false, true, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (4.0, 40.0, 4.0));
         // Light writes (2 MiB/s: 6 < 20): the calm budget.
-        let x = p.compute(4.0 * MIB, 2.0 * MIB, 5000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        let x = p.compute(4.0 * MIB, 2.0 * MIB, 5000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
         // Not contended: unlimited, whatever the writes.
-        let x = p.compute(14.0 * MIB, 12.0 * MIB, 1000.0, 30.0 * MIB, backlog(0.0), None, true, true);
+        let x = p.compute(14.0 * MIB, 12.0 * MIB, 1000.0, 30.0 * MIB, backlog(0.0), None, true, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Healthy);
         assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite());
         // The pace off: the calm budget again.
         let off = Adaptive::new(&AdaptiveConfig { ingest_pace: 0.0, ..p.config.clone() });
-        let x = off.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true);
+        let x = off.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
+    }
+    /// A device that limits each direction (kernel `rbps` = `wbps`, 56 MiB/s
+    /// of each for the store, `D` = 112): a cold start's client reads fill
+    /// the read side with an L0 compaction (half reads). The read side
+    /// makes the cycle busy though the total is below 75% of `D`, and the
+    /// promoted L0 compaction gets what fits the read room clients leave
+    /// (`(56 - 31) / 0.5` = 50), not `D - Fg` (80).
+    #[test]
+    fn a_limited_direction_bounds_the_budget_and_counts_as_busy() {
+        let bw = |m: f64| kv_stage::units::Bandwidth::new(m * MIB).unwrap();
+        let unbounded = Adaptive::new(&AdaptiveConfig {
+            device_bandwidth: bw(112.0),
+            min_bandwidth: bw(4.0),
+            ..AdaptiveConfig::default()
+        });
+        let p = Adaptive::new(&AdaptiveConfig {
+            read_bandwidth: Some(bw(56.0)),
+            write_bandwidth: Some(bw(56.0)),
+            ..unbounded.config.clone()
+        });
+        let cold = Directions {
+            fg_read_bps: 31.0 * MIB,
+            fg_write_bps: 1.0 * MIB,
+            bg_read_bps: 14.0 * MIB,
+            bg_write_bps: 14.0 * MIB,
+            bg_read_share: 0.5,
+        };
+        let at = AdaptiveConfig::default().promote_at;
+        // 60 of 112 MiB/s in total, 1,000 requests/s: busy only by its reads
+        // (45 of 56).
+        assert!(!unbounded.is_busy(1000.0, 60.0 * MIB, &cold));
+        assert!(p.is_busy(1000.0, 60.0 * MIB, &cold));
+        let x = p.compute(32.0 * MIB, 1.0 * MIB, 1000.0, 60.0 * MIB, l0(at), None, false, true, cold);
+        assert!(x.busy && x.mode == AdaptiveMode::Promoted, "{x:?}");
+        assert_eq!(mib((x.direction_left_bps, x.left_bps, x.b_l0)), (50.0, 50.0, 50.0));
+        let x = unbounded.compute(32.0 * MIB, 1.0 * MIB, 1000.0, 60.0 * MIB, l0(at), Some(0.0), false, true, cold);
+        assert!(x.direction_left_bps.is_infinite());
+        assert_eq!(mib((x.left_bps, x.b_l0, x.b_ln)), (80.0, 80.0, 4.0));
+        // Background that only writes (a flush): the read side does not
+        // bound it; the write side does ((56 - 1) / 0.96).
+        let flush = Directions { bg_read_share: 0.04, ..cold };
+        let x = p.compute(32.0 * MIB, 1.0 * MIB, 1000.0, 60.0 * MIB, l0(at), Some(0.0), false, true, flush);
+        assert!((x.direction_left_bps / MIB - 55.0 / 0.96).abs() < 1e-9, "{x:?}");
+        // Clients fill the read side: the floor.
+        let full = Directions { fg_read_bps: 60.0 * MIB, ..cold };
+        let x = p.compute(61.0 * MIB, 1.0 * MIB, 1000.0, 90.0 * MIB, l0(at), Some(0.0), false, true, full);
+        assert_eq!(mib((x.left_bps, x.b_l0, x.b_ln)), (4.0, 4.0, 4.0));
+        // Quiet directions on a healthy store: no limit.
+        let quiet = Directions { fg_read_bps: 2.0 * MIB, bg_read_bps: 5.0 * MIB, bg_write_bps: 5.0 * MIB, ..cold };
+        let x = p.compute(3.0 * MIB, 1.0 * MIB, 1000.0, 13.0 * MIB, backlog(0.0), None, true, true, quiet);
+        assert_eq!(x.mode, AdaptiveMode::Healthy, "{x:?}");
+        assert!(x.b_flush.is_infinite() && x.b_l0.is_infinite() && x.b_ln.is_infinite());
     }
 }

@@ -15,7 +15,7 @@ use kv_stage::{
 };
 use serde::Serialize;
 
-pub use adaptive::{Adaptive, AdaptiveInputs, AdaptiveMode};
+pub use adaptive::{Adaptive, AdaptiveInputs, AdaptiveMode, Directions};
 pub use fair::{FairShare, FairShareMode, FlowInput, water_fill};
 pub use params::{AdaptiveConfig, InstanceConfig, PressureConfig, SilkConfig};
 pub use silk::{Silk, SilkBranch, SilkInputs};

@@ -145,6 +145,18 @@ pub struct AdaptiveConfig {
     /// 0 turns the floor off.
     #[serde(default = "AdaptiveConfig::default_ingest_pace")]
     pub ingest_pace: f64,
+    /// For a device that limits reads on their own (a cgroup's `rbps`, a
+    /// cloud volume's read cap): what the store may use of its reads.
+    /// While contended, background work then gets no more than fits the
+    /// read room clients leave, `read_bandwidth - Fg_read`, at the share of
+    /// its bytes that are reads; and a cycle is busy when the store's
+    /// reads reach `busy_share` of it. `None` (the default): the device
+    /// serves reads and writes from `device_bandwidth` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bandwidth: Option<Bandwidth>,
+    /// The same for writes (a cgroup's `wbps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bandwidth: Option<Bandwidth>,
 }
 
 impl AdaptiveConfig {
@@ -192,7 +204,8 @@ impl Default for AdaptiveConfig {
     /// A 200 MiB/s budget with a 10 MiB/s floor (SILK's prototype values);
     /// busy at 75% of it or with 2,000 client requests/s; 500 ms hold; a
     /// third of the budget with no backlog, all that clients leave from
-    /// pressure 0.75; promotion at pressure 0.9; no ingest floor.
+    /// pressure 0.75; promotion at pressure 0.9; no ingest floor; no
+    /// per-direction limits.
     fn default() -> Self {
         AdaptiveConfig {
             device_bandwidth: Self::default_device(),
@@ -205,6 +218,8 @@ impl Default for AdaptiveConfig {
             ramp_to: Self::default_ramp_to(),
             promote_at: Self::default_promote_at(),
             ingest_pace: Self::default_ingest_pace(),
+            read_bandwidth: None,
+            write_bandwidth: None,
         }
     }
 }
