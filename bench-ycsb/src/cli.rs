@@ -167,9 +167,9 @@ struct SystemArgs {
     /// A bound on head-of-line blocking for the default controller
     /// (`paio-adaptive` only): the largest read or write a flush or
     /// compaction issues to the device at once, on direct-I/O files (a
-    /// kernel device); larger ones go in pieces of this size (e.g. `64KiB`).
-    /// `0` (the default, until a 3-repeat run backs it): no bound.
-    #[arg(long, default_value = "0", value_parser = parse_request_size)]
+    /// kernel device); larger ones go in pieces of this size. Default
+    /// `64KiB` (rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST); `0`: no bound.
+    #[arg(long, default_value = "64KiB", value_parser = parse_request_size)]
     max_background_request: u64,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]

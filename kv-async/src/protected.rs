@@ -29,6 +29,7 @@ pub struct Protection {
     blocking_threads: usize,
     sync_writes: bool,
     pressure: PressureReference,
+    max_background_request: u64,
 }
 
 /// What the default controller's store pressure is measured against: the
@@ -53,7 +54,9 @@ impl Default for PressureReference {
 
 impl Default for Protection {
     /// No tenants, the default controller ([`AdaptiveConfig::default`]),
-    /// 8 blocking threads, synced writes.
+    /// 8 blocking threads, synced writes, background requests on
+    /// direct-I/O files in pieces of at most
+    /// [`rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST`] (64 KiB).
     fn default() -> Self {
         Protection {
             tenants: Vec::new(),
@@ -61,6 +64,7 @@ impl Default for Protection {
             blocking_threads: crate::DEFAULT_BLOCKING_THREADS,
             sync_writes: true,
             pressure: PressureReference::default(),
+            max_background_request: rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST,
         }
     }
 }
@@ -98,6 +102,14 @@ impl Protection {
     /// `true`).
     pub fn sync_writes(mut self, sync: bool) -> Self {
         self.sync_writes = sync;
+        self
+    }
+
+    /// The largest read or write a flush or compaction issues to the
+    /// device at once, on files opened for direct I/O (see
+    /// [`rocks_env::StagedDbBuilder::max_background_request`]; 0: no bound).
+    pub fn max_background_request(mut self, bytes: u64) -> Self {
+        self.max_background_request = bytes;
         self
     }
 
@@ -204,7 +216,12 @@ impl ProtectedDb {
         let stage = Arc::new(Stage::new(path.display().to_string()));
         RocksLayout::new().install(&stage)?;
         stage.apply(&RuleSet::from_rules(rules))?;
-        let staged = Arc::new(StagedDb::builder(options).stage(Arc::clone(&stage)).open(path)?);
+        let staged = Arc::new(
+            StagedDb::builder(options)
+                .stage(Arc::clone(&stage))
+                .max_background_request(protection.max_background_request)
+                .open(path)?,
+        );
         let controller = match protection.controller {
             Some(config) => {
                 let weak: Weak<StagedDb> = Arc::downgrade(&staged);

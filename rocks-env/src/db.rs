@@ -15,6 +15,13 @@ use crate::fault::FaultInjection;
 use crate::io::{BackgroundErrors, CompactionLevelStats, DbIo, IoStats, JobStats};
 use crate::layout::RocksLayout;
 
+/// The bound on a background request that the default controller's set-ups
+/// use ([`StagedDbBuilder::max_background_request`]; `kv_async::ProtectedDb`
+/// and bench-ycsb's `default` system): 64 KiB, about 1 ms at 64 MiB/s, the
+/// size the emulated device serves requests in ([`crate::DEVICE_CHUNK`]).
+/// Measured on a kernel-throttled disk (`results/figures-kernel-2026-12-04`).
+pub const DEFAULT_MAX_BACKGROUND_REQUEST: u64 = 64 << 10;
+
 /// Builds a [`StagedDb`].
 ///
 /// ```no_run
@@ -86,7 +93,8 @@ impl StagedDbBuilder {
     }
 
     /// The largest read or write, in bytes, a flush or compaction issues to
-    /// the device at once. RocksDB reads compaction input and writes table
+    /// the device at once ([`DEFAULT_MAX_BACKGROUND_REQUEST`] is what the
+    /// default controller's set-ups use). RocksDB reads compaction input and writes table
     /// files in requests of a MiB or more under direct I/O (its compaction
     /// readahead, its writable-file buffer); a client read queued behind
     /// one at a 64 MiB/s device waits about 16 ms per MiB. With a limit, a larger

@@ -80,7 +80,7 @@ mod wire;
 /// ["raw-ptr", "lz4", "snappy", "zstd", "bindgen-runtime"] }`.
 pub use rocksdb;
 
-pub use db::{StagedDb, StagedDbBuilder};
+pub use db::{DEFAULT_MAX_BACKGROUND_REQUEST, StagedDb, StagedDbBuilder};
 pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};
 pub use error::{Error, Result};

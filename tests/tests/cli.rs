@@ -329,6 +329,12 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap()).unwrap();
     assert!(summary["device"].as_str().unwrap().contains("kernel-throttled"));
+    // The default controller's settings on this device: 7/8 of each
+    // direction's limit, background requests in 64 KiB pieces.
+    let config = &summary["config"];
+    assert_eq!(config["adaptive"]["read_bandwidth"], "56MiB/s", "{config}");
+    assert_eq!(config["adaptive"]["write_bandwidth"], "28MiB/s", "{config}");
+    assert_eq!(config["max_background_request"], 65536, "{config}");
     let systems = summary["systems"].as_array().unwrap();
     let names: Vec<&str> = systems.iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["rocksdb", "paio-passthrough", "paio-silk"], "the alias names the pass-through system");

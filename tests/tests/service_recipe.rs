@@ -209,3 +209,21 @@ fn a_protected_db_registers_its_metrics() {
     let text = kv_stage::metrics::encode_text(&registry);
     assert!(!text.contains(&format!("db=\"{stage}\"")), "a closed DB is still reported: {text}");
 }
+
+/// The protected DB issues flushes' and compactions' large direct-I/O
+/// requests in pieces of 64 KiB unless told otherwise.
+#[test]
+fn a_protected_db_bounds_background_requests_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    for (protection, bound) in [
+        (Protection::default(), rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST),
+        (Protection::default().max_background_request(0), 0),
+        (Protection::default().max_background_request(128 << 10), 128 << 10),
+    ] {
+        let path = dir.path().join(format!("db-{bound}"));
+        let db = ProtectedDb::open(&path, options(), protection).unwrap();
+        assert_eq!(db.db().db().unwrap().max_background_request(), bound);
+        db.close_blocking(Duration::from_secs(5)).unwrap();
+    }
+    assert_eq!(rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST, 64 << 10);
+}
