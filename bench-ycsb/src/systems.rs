@@ -289,9 +289,7 @@ impl DeviceSpec {
         };
         Bandwidth::new(DEFAULT_BUDGET_SHARE * total).expect("a device's rate is positive")
     }
-}
 
-impl DeviceSpec {
     /// The default controller's per-direction budgets
     /// ([`controller::AdaptiveConfig::read_bandwidth`] and `write_bandwidth`):
     /// 7/8 of a kernel device's `rbps` and `wbps`, each when set. The

@@ -229,7 +229,12 @@ fn the_adaptive_policy_limits_only_while_busy_and_promotes_near_a_stall() {
         hold: Duration::from_millis(100),
         ..AdaptiveConfig::default()
     };
-    let ctl = Controller::builder(ControllerConfig::adaptive(config)).instance("db", handle).start().unwrap();
+    // Every cycle kept (the test asserts on the first one, however slow the machine).
+    let ctl = Controller::builder(ControllerConfig::adaptive(config))
+        .instance("db", handle)
+        .max_log_records(1 << 20)
+        .start()
+        .unwrap();
     let rate = |c: &str, o: &str| match stage.object(c, o).unwrap().spec() {
         Some(ObjectSpec::Drl(d)) => d.rate.per_sec() / MIB,
         other => panic!("{other:?}"),
