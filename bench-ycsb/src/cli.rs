@@ -168,8 +168,8 @@ struct SystemArgs {
     /// (`paio-adaptive` only): the largest read or write a flush or
     /// compaction issues to the device at once, on direct-I/O files (a
     /// kernel device); larger ones go in pieces of this size. Default
-    /// `64KiB` (rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST); `0`: no bound.
-    #[arg(long, default_value = "64KiB", value_parser = parse_request_size)]
+    /// 64 KiB (rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST); `0`: no bound.
+    #[arg(long, default_value_t = rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST, value_parser = parse_request_size)]
     max_background_request: u64,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
