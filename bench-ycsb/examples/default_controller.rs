@@ -7,11 +7,10 @@
 //! `cargo run --release -p bench-ycsb --example default_controller -- [decisions.jsonl]`
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bench_ycsb::systems::{DbOptions, PressureCell, read_pressure};
-use controller::{AdaptiveConfig, Controller, ControllerConfig, StageHandle, WithPressure};
+use bench_ycsb::systems::{DbOptions, read_pressure};
+use controller::{AdaptiveConfig, Controller, ControllerConfig, Pressure, StageHandle, WithPressure};
 use kv_stage::Stage;
 use rocks_env::{Device, RocksLayout, StagedDb};
 
@@ -20,15 +19,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stage = Arc::new(Stage::new("db"));
     RocksLayout::new().install(&stage)?;
     let o = DbOptions { write_buffer_size: 4 << 20, ..DbOptions::default() };
-    let db =
-        StagedDb::builder(o.rocksdb()).stage(Arc::clone(&stage)).device(Device::parse("64MiB/s")?).open(dir.path())?;
+    let db = Arc::new(
+        StagedDb::builder(o.rocksdb()).stage(Arc::clone(&stage)).device(Device::parse("64MiB/s")?).open(dir.path())?,
+    );
 
     // The store's pressure (L0 files, full memtables, pending compaction
-    // bytes), read from RocksDB's properties by a sampler thread; the
-    // controller reads the latest value each cycle.
-    let cell = Arc::new(PressureCell::default());
-    let source = Arc::clone(&cell);
-    let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || source.get()));
+    // bytes), read from RocksDB's properties on the controller's thread
+    // when it cycles (every 10 ms while it watches, every 100 ms while the
+    // store is healthy and runs no job).
+    let (weak, props) = (Arc::downgrade(&db), o.clone());
+    let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || {
+        weak.upgrade().map_or_else(|| Pressure::new(0.0, 0.0, 0.0), |db| read_pressure(db.db(), &props))
+    }));
     let mut config = ControllerConfig::adaptive(AdaptiveConfig {
         device_bandwidth: "56MiB/s".parse()?,
         min_bandwidth: "4MiB/s".parse()?,
@@ -37,25 +39,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.log = std::env::args().nth(1).map(Into::into);
     let ctl = Controller::builder(config).instance("db", handle).start()?;
 
-    let stop = AtomicBool::new(false);
-    let puts = std::thread::scope(|s| -> Result<u64, rocksdb::Error> {
-        let (db, cell, stop, o) = (&db, &cell, &stop, &o);
-        s.spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                cell.set(read_pressure(db.db(), o));
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
-        let t = Instant::now();
-        let mut i = 0u64;
-        while t.elapsed() < Duration::from_secs(3) {
-            db.put(format!("key{:08}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000), [b'v'; 1000])?;
-            i += 1;
-        }
-        std::thread::sleep(Duration::from_secs(2));
-        stop.store(true, Ordering::Relaxed);
-        Ok(i)
-    })?;
+    let t = Instant::now();
+    let mut puts = 0u64;
+    while t.elapsed() < Duration::from_secs(3) {
+        db.put(format!("key{:08}", puts.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000), [b'v'; 1000])?;
+        puts += 1;
+    }
+    std::thread::sleep(Duration::from_secs(2));
     let log = ctl.stop();
 
     let mut modes = std::collections::BTreeMap::new();

@@ -606,7 +606,7 @@ fn end_of_run_metrics(sys: &systems::RunningSystem) -> String {
         registry.register_collector(Box::new(m));
     }
     if let systems::SystemDb::Staged(db) = &sys.db {
-        registry.register_collector(Box::new(rocks_env::metrics::DbSnapshot::of(&[db])));
+        registry.register_collector(Box::new(rocks_env::metrics::DbSnapshot::of(&[&**db])));
     }
     if let Some(c) = &sys.controller {
         registry.register_collector(Box::new(c.metrics()));

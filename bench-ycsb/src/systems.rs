@@ -386,7 +386,7 @@ pub enum SystemDb {
     /// rust-rocksdb with no wrapper (plain `rocksdb` on a kernel device).
     Plain(DB),
     /// Through rocks-env and a stage.
-    Staged(Box<StagedDb>),
+    Staged(Arc<StagedDb>),
 }
 
 impl SystemDb {
@@ -427,6 +427,8 @@ pub struct RunningSystem {
     pub options: rocksdb::Options,
     /// Where the pressure the controller reads comes from
     /// (`paio-silk-pressure`): [`RunningSystem::sample_pressure`] fills it.
+    /// The default controller reads RocksDB's properties on its own thread
+    /// instead.
     pub pressure: Option<Arc<PressureCell>>,
 }
 
@@ -567,16 +569,21 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
     if kind == SystemKind::PaioAdaptive {
         builder = builder.max_background_request(cfg.max_background_request);
     }
-    let db = builder.open(path)?;
-    let pressure = matches!(kind, SystemKind::PaioSilkPressure | SystemKind::PaioAdaptive)
-        .then(|| Arc::new(PressureCell::default()));
+    let db = Arc::new(builder.open(path)?);
+    let pressure = matches!(kind, SystemKind::PaioSilkPressure).then(|| Arc::new(PressureCell::default()));
     let controller = match kind {
         SystemKind::PaioAdaptive => {
             let mut c = ControllerConfig::adaptive(cfg.adaptive.clone());
             c.interval = Some(Duration::from_millis(cfg.silk_interval_ms));
             c.log = decision_log.map(Path::to_path_buf);
-            let cell = Arc::clone(pressure.as_ref().expect("made above"));
-            let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || cell.get()));
+            // As an embedding gets it (`kv_async::Protection`): the pressure
+            // is read on the controller's thread when it cycles, with no
+            // sampler thread of its own, so a calm store is read only as
+            // often as the controller wakes (`adaptive.idle_interval`).
+            let (weak, o) = (Arc::downgrade(&db), cfg.db.clone());
+            let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || {
+                weak.upgrade().map_or_else(|| Pressure::new(0.0, 0.0, 0.0), |db| read_pressure(db.db(), &o))
+            }));
             Some(Controller::builder(c).instance("db", handle).max_log_records(0).start()?)
         }
         SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
@@ -605,15 +612,7 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         }
         _ => None,
     };
-    Ok(RunningSystem {
-        kind,
-        db: SystemDb::Staged(Box::new(db)),
-        stage: Some(stage),
-        device,
-        controller,
-        options,
-        pressure,
-    })
+    Ok(RunningSystem { kind, db: SystemDb::Staged(db), stage: Some(stage), device, controller, options, pressure })
 }
 
 #[cfg(test)]

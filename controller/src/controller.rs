@@ -100,11 +100,29 @@ struct Instance {
     objects: HashMap<ObjectRef, Arc<dyn ObjectControl>>,
     /// Rates set last.
     current: Vec<(ObjectRef, f64)>,
+    /// While held, the stage wakes the loop when a job begins (`None`: the
+    /// handle cannot, and the loop never sleeps past its interval).
+    job_watch: Option<Box<dyn Send>>,
 }
 
 impl Instance {
-    fn new(key: InstanceKey, name: String, handle: Arc<dyn StageHandle>) -> Self {
-        Instance { key, name, handle, previous: None, info: None, objects: HashMap::new(), current: Vec::new() }
+    fn new(key: InstanceKey, name: String, handle: Arc<dyn StageHandle>, shared: &Arc<Shared>) -> Self {
+        let weak = Arc::downgrade(shared);
+        let job_watch = handle.watch_jobs(Arc::new(move || {
+            if let Some(s) = weak.upgrade() {
+                s.run_soon();
+            }
+        }));
+        Instance {
+            key,
+            name,
+            handle,
+            previous: None,
+            info: None,
+            objects: HashMap::new(),
+            current: Vec::new(),
+            job_watch,
+        }
     }
 }
 
@@ -125,6 +143,15 @@ struct Shared {
     /// `cycles()`, `policy_errors()` and the metrics read, updated once per
     /// cycle.
     stats: Arc<Mutex<CycleStats>>,
+}
+
+impl Shared {
+    /// The next cycle runs now (`Controller::cycle_now`, a job's start).
+    fn run_soon(&self) {
+        let _held = self.stop.lock().unwrap_or_else(|e| e.into_inner());
+        self.soon.store(true, std::sync::atomic::Ordering::Release);
+        self.wake.notify_all();
+    }
 }
 
 /// The policy a configuration names.
@@ -289,7 +316,7 @@ impl ControllerBuilder {
                 .instances
                 .into_iter()
                 .enumerate()
-                .map(|(i, (name, handle))| Instance::new(InstanceKey(i as u32), name, handle))
+                .map(|(i, (name, handle))| Instance::new(InstanceKey(i as u32), name, handle, &shared))
                 .collect(),
             policy,
             proc_io: ProcIoSampler::new(self.proc_pid),
@@ -346,12 +373,22 @@ impl LoopState {
                 }
             }
             self.cycle();
-            next += self.interval;
+            next += self.step();
             // After a long stall, do not run a burst of catch-up cycles.
             let now = Instant::now();
             if next < now {
                 next = now;
             }
+        }
+    }
+
+    /// Time to the next cycle: the interval, or the policy's idle interval
+    /// when it asks for a longer one and every instance's stage wakes the
+    /// loop at a job's start.
+    fn step(&self) -> Duration {
+        match self.policy.idle_interval() {
+            Some(idle) if idle > self.interval && self.instances.iter().all(|i| i.job_watch.is_some()) => idle,
+            _ => self.interval,
         }
     }
 
@@ -361,7 +398,12 @@ impl LoopState {
             match c {
                 Change::Join(cfg, handle) => {
                     self.instances.retain(|i| i.name != cfg.name);
-                    self.instances.push(Instance::new(InstanceKey(self.next_key), cfg.name.clone(), handle));
+                    self.instances.push(Instance::new(
+                        InstanceKey(self.next_key),
+                        cfg.name.clone(),
+                        handle,
+                        &self.shared,
+                    ));
                     self.next_key += 1;
                     self.policy.instance_joined(&cfg);
                 }
@@ -779,9 +821,7 @@ impl Controller {
     /// on from it): for a controller that just took over stages and should
     /// not leave them to their fallback for up to an interval more.
     pub fn cycle_now(&self) {
-        let _held = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
-        self.shared.soon.store(true, std::sync::atomic::Ordering::Release);
-        self.shared.wake.notify_all();
+        self.shared.run_soon();
     }
 
     /// Stops the loop and returns the decision log. Rates stay as last set.

@@ -49,6 +49,15 @@ pub trait StageHandle: Send + Sync {
     fn pressure(&self) -> Option<Pressure> {
         None
     }
+    /// Calls `wake` whenever a background job begins on the stage, until
+    /// the returned guard is dropped (see [`Stage::watch_jobs`]); `None`
+    /// when the handle cannot tell (the default, and a remote stage). The
+    /// loop uses it to sleep between cycles while the policy says nothing
+    /// needs watching ([`Policy::idle`](crate::Policy::idle)): a handle
+    /// that cannot wake it is cycled at the normal interval.
+    fn watch_jobs(&self, _wake: Arc<dyn Fn() + Send + Sync>) -> Option<Box<dyn Send>> {
+        None
+    }
 }
 
 /// Re-configuring one object of a stage (see [`StageHandle::object`]).
@@ -109,6 +118,10 @@ impl StageHandle for Stage {
     fn collect(&self) -> Result<Collection, HandleError> {
         Ok(Stage::collect(self))
     }
+    fn watch_jobs(&self, wake: Arc<dyn Fn() + Send + Sync>) -> Option<Box<dyn Send>> {
+        let watch: kv_stage::JobWatch = Stage::watch_jobs(self, move || wake());
+        Some(Box::new(watch))
+    }
     fn stage_info(&self) -> Result<StageInfo, HandleError> {
         Ok(Stage::stage_info(self))
     }
@@ -158,6 +171,9 @@ impl StageHandle for WithPressure {
     }
     fn pressure(&self) -> Option<Pressure> {
         Some((self.source)())
+    }
+    fn watch_jobs(&self, wake: Arc<dyn Fn() + Send + Sync>) -> Option<Box<dyn Send>> {
+        self.inner.watch_jobs(wake)
     }
 }
 

@@ -333,3 +333,60 @@ fn silk_refuses_to_start_on_a_stage_with_nothing_to_drive() {
         assert!(e.contains("RocksLayout"), "{e}");
     }
 }
+
+/// Calm hours cost next to nothing: once the default controller's store is
+/// healthy and runs no job, the loop sleeps for `idle_interval` (here 60 s,
+/// so no cycle runs while the test watches), a job's start on the stage
+/// wakes it at once, it cycles at its interval while the job runs, and it
+/// goes back to sleep once the job has ended.
+#[test]
+fn the_adaptive_loop_sleeps_while_healthy_and_idle_and_a_job_start_wakes_it() {
+    use controller::AdaptiveConfig;
+    use kv_stage::{InstanceId, RequestContext as C};
+    use std::sync::Arc;
+    use std::time::Instant;
+    let stage = Arc::new(kv_stage::Stage::new("db"));
+    let layout = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv-stage/examples/rules/rocksdb.toml");
+    stage.apply(&kv_stage::RuleSet::load(std::path::Path::new(layout)).unwrap()).unwrap();
+    let config = AdaptiveConfig {
+        hold: Duration::from_millis(50),
+        idle_interval: Duration::from_secs(60),
+        ..AdaptiveConfig::default()
+    };
+    let ctl =
+        Controller::builder(ControllerConfig::adaptive(config)).instance("db", Arc::clone(&stage)).start().unwrap();
+    // Waits (at most 20 s) until the cycle count stops moving for 300 ms:
+    // at the 10 ms interval that would be about 30 cycles.
+    let settled = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let before = ctl.cycles();
+            std::thread::sleep(Duration::from_millis(300));
+            if ctl.cycles() == before {
+                return before;
+            }
+            assert!(Instant::now() < deadline, "{what}: the loop never slept ({} cycles)", ctl.cycles());
+        }
+    };
+    let asleep = settled("healthy, no job");
+    let last = ctl.log().last().cloned().expect("a cycle ran");
+    assert_eq!(last.notes[0]["mode"], "healthy", "{:?}", last.notes);
+    // A flush begins: the loop wakes long before its 60 s sleep ends.
+    stage.job_started(InstanceId(0), C::BG_FLUSH);
+    let woke = Instant::now();
+    while ctl.cycles() == asleep {
+        assert!(woke.elapsed() < Duration::from_secs(10), "a job's start did not wake the loop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // While the job runs, the loop cycles at its interval.
+    let running = ctl.cycles();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ctl.cycles() >= running + 5, "{} cycles in 500 ms while a flush ran", ctl.cycles() - running);
+    let during = ctl.log().last().cloned().expect("cycles ran");
+    assert_eq!(during.notes[0]["running"]["flush"], 1, "{:?}", during.notes);
+    // The job ends: asleep again after its next cycle.
+    stage.job_finished(InstanceId(0), C::BG_FLUSH);
+    settled("after the job");
+    let records = ctl.stop();
+    assert!(records.iter().any(|r| r.interval_ms >= 200.0), "no cycle came after a sleep");
+}

@@ -84,7 +84,7 @@ pub use error::{EnforceError, Error, FieldError, Result};
 pub use matching::Match;
 pub use objects::{DrlSpec, ObjectChange, ObjectSpec, QosSpec};
 pub use rules::{Rule, RuleSet, RulesFormat};
-pub use stage::{Collection, Rates, Stage};
+pub use stage::{Collection, JobWatch, Rates, Stage};
 
 /// The importer of the original Paio text rules.
 pub use rules::paio;

@@ -270,4 +270,15 @@ pub trait Policy: Send {
 
     /// An instance left.
     fn instance_left(&mut self, _name: &str) {}
+
+    /// After its last decision: how long the loop may wait for the next
+    /// cycle, if that is longer than its interval, because nothing the
+    /// policy limits can change before a background job begins. The loop
+    /// waits that long only when every instance's handle wakes it at a
+    /// job's start ([`StageHandle::watch_jobs`](crate::StageHandle::watch_jobs));
+    /// otherwise it keeps its interval. `None` (the default): every cycle
+    /// at the interval.
+    fn idle_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
 }

@@ -157,6 +157,15 @@ pub struct AdaptiveConfig {
     /// The same for writes (a cgroup's `wbps`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_bandwidth: Option<Bandwidth>,
+    /// How long the loop may sleep between cycles while every instance is
+    /// healthy and runs no flush or compaction: the start of a job wakes
+    /// it at once (on stages that report job starts to the controller, as
+    /// a stage in its own process does), so nothing that needs a limit
+    /// can begin unseen. At most one cycle per `idle_interval` reads the
+    /// store in calm hours, instead of one per `interval`. Not below the
+    /// controller's `interval` (a smaller value is the interval).
+    #[serde(default = "AdaptiveConfig::default_idle_interval", with = "kv_stage::units::duration_str")]
+    pub idle_interval: Duration,
 }
 
 impl AdaptiveConfig {
@@ -174,6 +183,9 @@ impl AdaptiveConfig {
     }
     fn default_hold() -> Duration {
         Duration::from_millis(500)
+    }
+    fn default_idle_interval() -> Duration {
+        Duration::from_millis(100)
     }
     fn default_promote_at() -> f64 {
         0.9
@@ -205,7 +217,7 @@ impl Default for AdaptiveConfig {
     /// busy at 75% of it or with 2,000 client requests/s; 500 ms hold; a
     /// third of the budget with no backlog, all that clients leave from
     /// pressure 0.75; promotion at pressure 0.9; no ingest floor; no
-    /// per-direction limits.
+    /// per-direction limits; 100 ms between cycles while healthy and idle.
     fn default() -> Self {
         AdaptiveConfig {
             device_bandwidth: Self::default_device(),
@@ -220,6 +232,7 @@ impl Default for AdaptiveConfig {
             ingest_pace: Self::default_ingest_pace(),
             read_bandwidth: None,
             write_bandwidth: None,
+            idle_interval: Self::default_idle_interval(),
         }
     }
 }

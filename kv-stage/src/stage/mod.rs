@@ -115,6 +115,8 @@ pub struct Stage {
     /// Jobs begun and completed per instance and request context (see
     /// `job_started`). Jobs are rare events: a mutex is cheap enough.
     jobs: Mutex<BTreeMap<(InstanceId, RequestContext), (u64, u64)>>,
+    /// Who is told when a job begins ([`Stage::watch_jobs`]).
+    job_watchers: Arc<JobWatchers>,
     /// What [`StageInfo::coverage`] says for the layout of a generation.
     coverage: Mutex<Option<(u64, Arc<[Coverage]>)>>,
 }
@@ -171,6 +173,7 @@ impl Stage {
             control: Mutex::new(model),
             shut_down: AtomicBool::new(false),
             jobs: Mutex::new(BTreeMap::new()),
+            job_watchers: Arc::default(),
             coverage: Mutex::new(None),
         }
     }
@@ -768,6 +771,21 @@ impl Stage {
     /// whether the job completed, failed or was cut short.
     pub fn job_started(&self, instance: InstanceId, context: RequestContext) {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).entry((instance, context)).or_default().0 += 1;
+        self.job_watchers.notify();
+    }
+
+    /// Calls `wake` on the thread that reports it, each time a job begins
+    /// ([`job_started`](Self::job_started)), until the returned
+    /// [`JobWatch`] is dropped. For a control loop that sleeps while no
+    /// background job runs and must not miss the one that starts: `wake`
+    /// runs on RocksDB's background thread before the job's first I/O, so
+    /// it must only signal (set a flag, notify a condition variable), never
+    /// block or do the work itself. A panic in it is caught and dropped.
+    pub fn watch_jobs(&self, wake: impl Fn() + Send + Sync + 'static) -> JobWatch {
+        let mut w = self.job_watchers.list.lock().unwrap_or_else(|e| e.into_inner());
+        let id = self.job_watchers.next.fetch_add(1, Ordering::Relaxed);
+        w.push((id, Arc::new(wake)));
+        JobWatch { watchers: Arc::clone(&self.job_watchers), id }
     }
 
     /// Records that a job of `context` in `instance` ended.
@@ -917,5 +935,46 @@ impl Drop for Enforce<'_> {
             let o = &w.layout.channels[w.route.channel as usize].objects[w.route.object as usize];
             o.object.cancel_enforce(&self.ctx, &mut w.wait);
         }
+    }
+}
+
+/// A callback of [`Stage::watch_jobs`].
+type JobWaker = Arc<dyn Fn() + Send + Sync>;
+
+/// The callbacks [`Stage::watch_jobs`] registered, with their ids.
+#[derive(Default)]
+struct JobWatchers {
+    next: AtomicU64,
+    list: Mutex<Vec<(u64, JobWaker)>>,
+}
+
+impl JobWatchers {
+    fn notify(&self) {
+        // Cloned out of the lock: a callback may drop its own watch.
+        let list: Vec<JobWaker> =
+            self.list.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, f)| Arc::clone(f)).collect();
+        for f in list {
+            // A job's start must not fail because a watcher did.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f()));
+        }
+    }
+}
+
+/// A registration of [`Stage::watch_jobs`]: its callback is called until
+/// this is dropped.
+pub struct JobWatch {
+    watchers: Arc<JobWatchers>,
+    id: u64,
+}
+
+impl std::fmt::Debug for JobWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobWatch").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for JobWatch {
+    fn drop(&mut self) {
+        self.watchers.list.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.id);
     }
 }
