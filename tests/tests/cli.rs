@@ -139,8 +139,10 @@ fn a_short_run_produces_summary_series_and_plots() {
         assert_eq!(v["policy"], "silk");
     }
 
+    // The default controller cycles every 10 ms while it watches and every
+    // 100 ms while healthy and idle: at least 30 cycles in 3 s.
     let decisions = std::fs::read_to_string(out.path().join("decisions-paio-adaptive-1.jsonl")).unwrap();
-    assert!(decisions.lines().count() > 100);
+    assert!(decisions.lines().count() >= 30, "{} cycles", decisions.lines().count());
     for l in decisions.lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         assert_eq!(v["policy"], "adaptive");

@@ -227,3 +227,48 @@ fn a_protected_db_bounds_background_requests_by_default() {
     }
     assert_eq!(rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST, 64 << 10);
 }
+
+/// Calm hours: the default controller of a protected DB sleeps while the
+/// store is healthy and runs no job (`idle_interval`, here 60 s so that no
+/// cycle runs on its own while the test watches), and a flush wakes it:
+/// RocksDB's listener reports the job's start to the stage, the stage
+/// wakes the loop.
+#[test]
+fn a_calm_protected_db_wakes_its_controller_when_a_flush_starts() {
+    use controller::AdaptiveConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let config = AdaptiveConfig {
+        hold: Duration::from_millis(50),
+        idle_interval: Duration::from_secs(60),
+        ..AdaptiveConfig::default()
+    };
+    let db = ProtectedDb::open(&path, options(), Protection::default().controller(ControllerConfig::adaptive(config)))
+        .unwrap();
+    let staged = db.db().db().unwrap();
+    for i in 0..100u32 {
+        staged.put(format!("k{i:03}"), [b'v'; 100]).unwrap();
+    }
+    // Until the loop has slept for 300 ms (about 30 cycles at 10 ms).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let asleep = loop {
+        let before = db.decisions().len();
+        std::thread::sleep(Duration::from_millis(300));
+        if db.decisions().len() == before {
+            break before;
+        }
+        assert!(Instant::now() < deadline, "the controller never slept");
+    };
+    let last = db.decisions().last().cloned().unwrap();
+    assert_eq!(last.notes[0]["mode"], "healthy", "{:?}", last.notes);
+    staged.flush().unwrap();
+    let woke = Instant::now();
+    while db.decisions().len() == asleep {
+        assert!(woke.elapsed() < Duration::from_secs(10), "the flush's start did not wake the controller");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let first = &db.decisions()[asleep];
+    assert!(first.interval_ms >= 250.0, "the cycle after the flush came {} ms after the last", first.interval_ms);
+    drop(staged);
+    db.close_blocking(Duration::from_secs(5)).unwrap();
+}

@@ -774,13 +774,15 @@ impl Stage {
         self.job_watchers.notify();
     }
 
-    /// Calls `wake` on the thread that reports it, each time a job begins
-    /// ([`job_started`](Self::job_started)), until the returned
-    /// [`JobWatch`] is dropped. For a control loop that sleeps while no
-    /// background job runs and must not miss the one that starts: `wake`
-    /// runs on RocksDB's background thread before the job's first I/O, so
-    /// it must only signal (set a flag, notify a condition variable), never
-    /// block or do the work itself. A panic in it is caught and dropped.
+    /// Calls `wake` each time a job begins ([`job_started`](Self::job_started)),
+    /// until the returned [`JobWatch`] is dropped: for a control loop that
+    /// sleeps while no job runs and must not miss the one that starts.
+    /// `wake` runs on the thread that reports the job, inside that layer's
+    /// bookkeeping (rocks-env: RocksDB's background thread, in the event
+    /// listener, before the job's first I/O), so it must only signal (set a
+    /// flag, notify a condition variable), never block or do the work
+    /// itself. A panic in it is caught and dropped.
+    #[must_use = "the watch ends when it is dropped"]
     pub fn watch_jobs(&self, wake: impl Fn() + Send + Sync + 'static) -> JobWatch {
         let mut w = self.job_watchers.list.lock().unwrap_or_else(|e| e.into_inner());
         let id = self.job_watchers.next.fetch_add(1, Ordering::Relaxed);
