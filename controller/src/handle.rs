@@ -53,7 +53,7 @@ pub trait StageHandle: Send + Sync {
     /// the returned guard is dropped (see [`Stage::watch_jobs`]); `None`
     /// when the handle cannot tell (the default, and a remote stage). The
     /// loop uses it to sleep between cycles while the policy says nothing
-    /// needs watching ([`Policy::idle`](crate::Policy::idle)): a handle
+    /// needs watching ([`Policy::idle_interval`](crate::Policy::idle_interval)): a handle
     /// that cannot wake it is cycled at the normal interval.
     fn watch_jobs(&self, _wake: Arc<dyn Fn() + Send + Sync>) -> Option<Box<dyn Send>> {
         None
