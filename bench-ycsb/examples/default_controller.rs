@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench_ycsb::systems::{DbOptions, read_pressure};
-use controller::{AdaptiveConfig, Controller, ControllerConfig, Pressure, StageHandle, WithPressure};
+use bench_ycsb::systems::{DbOptions, pressure_source};
+use controller::{AdaptiveConfig, Controller, ControllerConfig, StageHandle, WithPressure};
 use kv_stage::Stage;
 use rocks_env::{Device, RocksLayout, StagedDb};
 
@@ -27,10 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // bytes), read from RocksDB's properties on the controller's thread
     // when it cycles (every 10 ms while it watches, every 100 ms while the
     // store is healthy and runs no job).
-    let (weak, props) = (Arc::downgrade(&db), o.clone());
-    let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || {
-        weak.upgrade().map_or_else(|| Pressure::new(0.0, 0.0, 0.0), |db| read_pressure(db.db(), &props))
-    }));
+    let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), pressure_source(&db, &o)));
     let mut config = ControllerConfig::adaptive(AdaptiveConfig {
         device_bandwidth: "56MiB/s".parse()?,
         min_bandwidth: "4MiB/s".parse()?,

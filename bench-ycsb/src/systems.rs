@@ -496,6 +496,15 @@ pub fn read_pressure(db: &DB, o: &DbOptions) -> Pressure {
     )
 }
 
+/// A [`WithPressure`] source: `db`'s pressure ([`read_pressure`]), read
+/// each time it is called (on the controller's thread, once per cycle),
+/// and no pressure once the DB is closed (the source holds it weakly, so
+/// the controller does not keep it open).
+pub fn pressure_source(db: &Arc<StagedDb>, o: &DbOptions) -> impl Fn() -> Pressure + Send + Sync + 'static {
+    let (weak, o) = (Arc::downgrade(db), o.clone());
+    move || weak.upgrade().map_or_else(|| Pressure::new(0.0, 0.0, 0.0), |db| read_pressure(db.db(), &o))
+}
+
 /// Pending compaction bytes count as pressure 1 at this many L1 sizes.
 pub const PENDING_REFERENCE_LEVELS: f64 = 4.0;
 
@@ -580,10 +589,8 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
             // is read on the controller's thread when it cycles, with no
             // sampler thread of its own, so a calm store is read only as
             // often as the controller wakes (`adaptive.idle_interval`).
-            let (weak, o) = (Arc::downgrade(&db), cfg.db.clone());
-            let handle: Arc<dyn StageHandle> = Arc::new(WithPressure::new(stage.clone(), move || {
-                weak.upgrade().map_or_else(|| Pressure::new(0.0, 0.0, 0.0), |db| read_pressure(db.db(), &o))
-            }));
+            let handle: Arc<dyn StageHandle> =
+                Arc::new(WithPressure::new(stage.clone(), pressure_source(&db, &cfg.db)));
             Some(Controller::builder(c).instance("db", handle).max_log_records(0).start()?)
         }
         SystemKind::PaioSilk | SystemKind::PaioSilkPressure => {
