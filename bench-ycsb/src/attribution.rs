@@ -9,10 +9,11 @@
 //! compaction ran while they waited, the background bytes per second and
 //! the mean background request size in their windows, how much of their
 //! latency was spent waiting to be issued (behind an earlier slow request
-//! of the same client) and waiting for a CPU. For plain RocksDB, which has
-//! no stage, the jobs come from RocksDB's properties (flushes and
-//! compactions, not per level) and the bytes from the kernel's counters
-//! only.
+//! of the same client) and waiting for a CPU; and, as a floor, the p99 of
+//! the quiet requests, around which no job ran ([`QUIET_MARGIN`]), as an
+//! estimate of the floor. For plain RocksDB, which has no stage, the jobs
+//! come from RocksDB's properties (flushes and compactions, not per level)
+//! and the bytes from the kernel's counters only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +27,11 @@ use crate::runner::RequestRecord;
 
 /// How often the sampler reads the counters.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(2);
+
+/// A request is *quiet* when no flush or compaction ran from this long
+/// before it was due until it completed: the margin covers a request that
+/// queued behind an earlier one which a job slowed down.
+pub const QUIET_MARGIN: Duration = Duration::from_millis(50);
 
 /// Classes of request context the attribution tells apart.
 pub const CLASSES: [&str; 5] = ["foreground", "flush", "l0", "ln", "other"];
@@ -228,6 +234,16 @@ pub struct Attribution {
     pub run_class_bytes: [u64; 5],
     /// Per second.
     pub seconds: Vec<SecondBackground>,
+    /// Requests during which, and for [`QUIET_MARGIN`] before which, no
+    /// flush or compaction ran.
+    #[serde(default)]
+    pub quiet_requests: u64,
+    /// The p99 latency of the quiet requests, µs (0 without any): the
+    /// clients' own tail with the background out of the way, an estimate of
+    /// the floor a policy for background I/O works against (the quiet
+    /// requests lean to the calmer parts of a run).
+    #[serde(default)]
+    pub quiet_p99_us: u64,
 }
 
 impl Samples {
@@ -327,6 +343,7 @@ impl Samples {
                 *m = (*m).max(v);
             }
         }
+        let (quiet_requests, quiet_p99_us) = self.quiet_p99(requests);
         let run_class_bytes = match (self.samples.first(), self.samples.last()) {
             (Some(a), Some(b)) => std::array::from_fn(|k| b.bytes[k].saturating_sub(a.bytes[k])),
             _ => [0; 5],
@@ -340,7 +357,41 @@ impl Samples {
             all: self.around(requests.iter()),
             run_class_bytes,
             seconds,
+            quiet_requests,
+            quiet_p99_us,
         }
+    }
+
+    /// How many requests were quiet (see [`QUIET_MARGIN`]) and their p99,
+    /// µs; `(0, 0)` without readings.
+    fn quiet_p99(&self, requests: &[RequestRecord]) -> (u64, u64) {
+        if self.samples.is_empty() {
+            return (0, 0);
+        }
+        // busy[i]: readings 0..i that saw a job running.
+        let mut busy = Vec::with_capacity(self.samples.len() + 1);
+        busy.push(0u32);
+        for s in &self.samples {
+            busy.push(busy.last().copied().unwrap_or(0) + u32::from(s.jobs != [0; 3]));
+        }
+        let margin = QUIET_MARGIN.as_micros() as u64;
+        let mut quiet: Vec<u32> = requests
+            .iter()
+            .filter(|r| {
+                let i = self.at_or_before(r.due_us.saturating_sub(margin));
+                let j = self.at_or_after(r.due_us + u64::from(r.latency_us)).max(i);
+                busy[j + 1] == busy[i]
+            })
+            .map(|r| r.latency_us)
+            .collect();
+        if quiet.is_empty() {
+            return (0, 0);
+        }
+        // The nearest-rank p99.
+        let rank = ((quiet.len() as f64 * 0.99).ceil() as usize).clamp(1, quiet.len()) - 1;
+        let n = quiet.len() as u64;
+        let (_, p99, _) = quiet.select_nth_unstable(rank);
+        (n, u64::from(*p99))
     }
 
     /// Bytes per request context the stage admitted between the first and
@@ -365,13 +416,15 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "slowest 1% (p99 and above) vs all requests: share with a flush / L0 / LN job running, background MiB/s (stage), kernel MiB/s r+w, queued / cpu-wait share of latency"
+        "slowest 1% (p99 and above) vs all requests: share with a flush / L0 / LN job running, background MiB/s (stage), kernel MiB/s r+w, queued / cpu-wait share of latency; quiet p99: of the requests with no job running from {} ms before they were due to their end",
+        QUIET_MARGIN.as_millis()
     );
     let _ = writeln!(
         s,
-        "{:<22} {:>8}  {:>17} {:>17} {:>17}  {:>13} {:>13}  {:>11} {:>11}",
+        "{:<22} {:>8} {:>9}  {:>17} {:>17} {:>17}  {:>13} {:>13}  {:>11} {:>11}",
         "system #",
         "p99 µs",
+        "quiet p99",
         "flush slow/all",
         "L0 slow/all",
         "LN slow/all",
@@ -387,9 +440,10 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
         let k = |x: &Around| (x.charged_bps[0] + x.charged_bps[1]) / mib;
         let _ = writeln!(
             s,
-            "{:<22} {:>8}  {:>8.2}/{:<8.2} {:>8.2}/{:<8.2} {:>8.2}/{:<8.2}  {:>6.1}/{:<6.1} {:>6.1}/{:<6.1}  {:>5.2}/{:<5.2} {:>5.2}/{:<5.2}  cpu {:.2}/{:.2} steal {:.3}/{:.3}",
+            "{:<22} {:>8} {:>9}  {:>8.2}/{:<8.2} {:>8.2}/{:<8.2} {:>8.2}/{:<8.2}  {:>6.1}/{:<6.1} {:>6.1}/{:<6.1}  {:>5.2}/{:<5.2} {:>5.2}/{:<5.2}  cpu {:.2}/{:.2} steal {:.3}/{:.3}",
             format!("{name} #{r}"),
             a.threshold_us,
+            a.quiet_p99_us,
             a.slowest.with_flush,
             a.all.with_flush,
             a.slowest.with_l0,
@@ -460,6 +514,27 @@ mod tests {
         assert_eq!(a.seconds.len(), 1);
         assert_eq!(a.seconds[0].class_bytes[FLUSH], 5 << 20);
         assert_eq!(a.seconds[0].max_jobs, [1, 0, 0]);
+    }
+
+    /// A flush runs from 10 to 18 ms. Quiet are the requests with no job
+    /// from 50 ms before their due time to their end: not one in the
+    /// flush, nor one due at 65 ms (its margin reaches back into the flush).
+    #[test]
+    fn quiet_requests_have_no_job_in_their_margin() {
+        let mut samples = Samples { samples: Vec::new(), staged: true, first: None, last: None };
+        for i in 0..=100u64 {
+            let mut s = Sample { t_us: i * 2000, ..Sample::default() };
+            s.jobs[0] = u8::from((5..10).contains(&i));
+            samples.samples.push(s);
+        }
+        let mut reqs = vec![req(12_500, 5000), req(65_000, 300), req(70_000, 100)];
+        reqs.extend((0..100u32).map(|k| req(100_000 + u64::from(k) * 500, 100 + k)));
+        let a = samples.attribute(&reqs, 199);
+        assert_eq!(a.quiet_requests, 101);
+        // Latencies 100, 100, 101 ... 199: the 100th of 101 is 198.
+        assert_eq!(a.quiet_p99_us, 198);
+        let none = Samples::default().attribute(&reqs, 199);
+        assert_eq!((none.quiet_requests, none.quiet_p99_us), (0, 0));
     }
 
     #[test]

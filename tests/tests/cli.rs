@@ -155,6 +155,12 @@ fn a_short_run_produces_summary_series_and_plots() {
         let slow = a["slowest"]["requests"].as_u64().unwrap();
         let ops = s["operations"].as_u64().unwrap();
         assert!(slow >= 1 && slow <= ops / 50, "{slow} of {ops} requests counted as the slowest 1%");
+        // The quiet requests are some of all; their p99 is one of their
+        // latencies, so 0 exactly when there are none.
+        let quiet = a["quiet_requests"].as_u64().unwrap();
+        let quiet_p99 = a["quiet_p99_us"].as_u64().unwrap();
+        assert!(quiet <= ops, "{quiet} quiet of {ops}");
+        assert_eq!(quiet == 0, quiet_p99 == 0, "{a}");
         // On the emulated device every system runs through a stage: the
         // classes sum to the bytes per context the stage counted meanwhile.
         assert_eq!(a["staged"], true);
