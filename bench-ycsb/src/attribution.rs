@@ -1,17 +1,18 @@
 //! Why were the slowest requests slow? A sampler thread records, every
 //! [`SAMPLE_EVERY`], what the background was doing (bytes the stage
 //! admitted per class of context, the flush and compaction jobs running,
-//! what the kernel charged to the run's cgroup); at the end, each request
-//! slower than the run's p99 is set against the samples around its wait.
+//! what the kernel charged to the run's cgroup, the block cache's misses
+//! and hits of data blocks); at the end, each request slower than the
+//! run's p99 is set against the samples around its wait.
 //!
 //! The report ([`Attribution`], `attribution` in `summary.json`) compares
 //! the slowest 1% with all requests: how often a flush, an L0 or a deeper
 //! compaction ran while they waited, the background bytes per second and
 //! the mean background request size in their windows, how much of their
 //! latency was spent waiting to be issued (behind an earlier slow request
-//! of the same client) and waiting for a CPU; and, as a floor, the p99 of
-//! the quiet requests, around which no job ran ([`QUIET_MARGIN`]), as an
-//! estimate of the floor. For plain RocksDB, which has no stage, the jobs
+//! of the same client) and waiting for a CPU, how many block cache lookups
+//! missed; and the p99 of the quiet requests, around which no job ran
+//! ([`QUIET_MARGIN`]), as an estimate of the floor. For plain RocksDB, which has no stage, the jobs
 //! come from RocksDB's properties (flushes and compactions, not per level)
 //! and the bytes from the kernel's counters only.
 
@@ -75,6 +76,9 @@ struct Sample {
     /// busy (user, nice, system, irq, softirq), stolen by the hypervisor,
     /// and all (busy, idle, iowait, steal).
     cpu: [u64; 3],
+    /// RocksDB's block cache lookups of data blocks: misses, hits,
+    /// cumulative (its statistics; zero without them).
+    cache: [u64; 2],
 }
 
 /// Reads the `cpu` line of `/proc/stat`.
@@ -120,12 +124,21 @@ pub struct Samples {
     last: Option<Collection>,
 }
 
+/// Reads the block cache's data-block misses and hits from the options'
+/// statistics (a sum over per-core counters: no lock).
+fn sample_cache(options: &rocksdb::Options) -> [u64; 2] {
+    use rocksdb::statistics::Ticker;
+    [options.get_ticker_count(Ticker::BlockCacheDataMiss), options.get_ticker_count(Ticker::BlockCacheDataHit)]
+}
+
 /// Samples every [`SAMPLE_EVERY`] until `stop` is set. `clock` is the
 /// instant the clients count from (set when they start; readings before it
-/// are at time 0).
+/// are at time 0). `statistics`: the DB's options, if they enable RocksDB's
+/// statistics, for the block cache's misses and hits.
 pub fn sample(
     stage: Option<&Stage>,
     db: &DB,
+    statistics: Option<&rocksdb::Options>,
     cgroup: Option<&Cgroup>,
     clock: &std::sync::OnceLock<Instant>,
     stop: &AtomicBool,
@@ -152,6 +165,9 @@ pub fn sample(
                 s.charged = [c.read_bytes, c.write_bytes];
             }
             s.cpu = cpu.read();
+            if let Some(o) = statistics {
+                s.cache = sample_cache(o);
+            }
             out.samples.push(s);
         }
         if stopping {
@@ -197,6 +213,14 @@ pub struct Around {
     /// Share of the machine's CPU time the hypervisor took (steal).
     #[serde(default)]
     pub steal: f64,
+    /// RocksDB's block cache misses of data blocks per second over their
+    /// windows (0 without statistics).
+    #[serde(default)]
+    pub cache_misses_per_s: f64,
+    /// Share of the data-block lookups over their windows that missed the
+    /// block cache (0 without lookups).
+    #[serde(default)]
+    pub cache_miss_share: f64,
 }
 
 /// One second of the run: the background next to the clients' p99 (in
@@ -211,6 +235,9 @@ pub struct SecondBackground {
     pub max_jobs: [u8; 3],
     /// What the kernel charged in this second: read, write bytes.
     pub charged: [u64; 2],
+    /// Block cache lookups of data blocks in this second: misses, hits.
+    #[serde(default)]
+    pub cache: [u64; 2],
 }
 
 /// The attribution of one run (`summary.json`: `attribution`).
@@ -265,6 +292,7 @@ impl Samples {
         let mut ops = [0f64; 5];
         let mut charged = [0f64; 2];
         let mut ticks = [0f64; 3];
+        let mut cache = [0f64; 2];
         let mut window_s = 0f64;
         for r in reqs {
             a.requests += 1;
@@ -298,6 +326,9 @@ impl Samples {
             for (acc, (now, then)) in ticks.iter_mut().zip(sj.cpu.iter().zip(si.cpu)) {
                 *acc += now.saturating_sub(then) as f64;
             }
+            for (acc, (now, then)) in cache.iter_mut().zip(sj.cache.iter().zip(si.cache)) {
+                *acc += now.saturating_sub(then) as f64;
+            }
             window_s += sj.t_us.saturating_sub(si.t_us).max(1) as f64 * 1e-6;
         }
         let n = a.requests.max(1) as f64;
@@ -319,6 +350,12 @@ impl Samples {
             a.machine_cpu_busy = ticks[0] / ticks[2];
             a.steal = ticks[1] / ticks[2];
         }
+        if window_s > 0.0 {
+            a.cache_misses_per_s = cache[0] / window_s;
+        }
+        if cache[0] + cache[1] > 0.0 {
+            a.cache_miss_share = cache[0] / (cache[0] + cache[1]);
+        }
         a
     }
 
@@ -338,6 +375,7 @@ impl Samples {
             }
             for k in 0..2 {
                 s.charged[k] += w[1].charged[k].saturating_sub(w[0].charged[k]);
+                s.cache[k] += w[1].cache[k].saturating_sub(w[0].cache[k]);
             }
             for (m, v) in s.max_jobs.iter_mut().zip(w[1].jobs) {
                 *m = (*m).max(v);
@@ -433,14 +471,18 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
         "queued",
         "cpu wait"
     );
-    let _ = writeln!(s, "{:>22} (then: the machine's CPU busy share and steal share, slow/all)", "");
+    let _ = writeln!(
+        s,
+        "{:>22} (then: the machine's CPU busy share and steal share, and the share of data-block lookups that missed RocksDB's block cache, slow/all)",
+        ""
+    );
     let mib = 1048576.0;
     for (name, r, a) in systems {
         let bg = |x: &Around| (x.class_bps[FLUSH] + x.class_bps[L0] + x.class_bps[LN] + x.class_bps[OTHER]) / mib;
         let k = |x: &Around| (x.charged_bps[0] + x.charged_bps[1]) / mib;
         let _ = writeln!(
             s,
-            "{:<22} {:>8} {:>9}  {:>8.2}/{:<8.2} {:>8.2}/{:<8.2} {:>8.2}/{:<8.2}  {:>6.1}/{:<6.1} {:>6.1}/{:<6.1}  {:>5.2}/{:<5.2} {:>5.2}/{:<5.2}  cpu {:.2}/{:.2} steal {:.3}/{:.3}",
+            "{:<22} {:>8} {:>9}  {:>8.2}/{:<8.2} {:>8.2}/{:<8.2} {:>8.2}/{:<8.2}  {:>6.1}/{:<6.1} {:>6.1}/{:<6.1}  {:>5.2}/{:<5.2} {:>5.2}/{:<5.2}  cpu {:.2}/{:.2} steal {:.3}/{:.3} cache miss {:.2}/{:.2}",
             format!("{name} #{r}"),
             a.threshold_us,
             a.quiet_p99_us,
@@ -462,6 +504,8 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
             a.all.machine_cpu_busy,
             a.slowest.steal,
             a.all.steal,
+            a.slowest.cache_miss_share,
+            a.all.cache_miss_share,
         );
     }
     s
@@ -494,6 +538,8 @@ mod tests {
             s.bytes[FG] = i * 4096;
             s.ops[FG] = i;
             s.jobs[0] = u8::from(running);
+            // 30 cache hits per reading; 10 misses per reading during the flush.
+            s.cache = [10 * i.clamp(5, 9).saturating_sub(5), 30 * i];
             samples.samples.push(s);
         }
         let mut reqs: Vec<RequestRecord> = (0..99).map(|i| req(30_000 + i * 50, 100)).collect();
@@ -509,11 +555,15 @@ mod tests {
         assert_eq!(a.slowest.class_request_bytes[FLUSH], 1048576.0);
         assert!((a.slowest.queued_share - 0.5).abs() < 1e-9);
         assert!((a.slowest.cpu_wait_share - 0.5).abs() < 1e-9);
+        // Its window saw 30 misses and 90 hits in 6 ms.
+        assert!((a.slowest.cache_misses_per_s - 5000.0).abs() < 1e-6, "{}", a.slowest.cache_misses_per_s);
+        assert!((a.slowest.cache_miss_share - 0.25).abs() < 1e-9, "{}", a.slowest.cache_miss_share);
         assert_eq!(a.run_class_bytes[FLUSH], 5 << 20);
         assert_eq!(a.run_class_bytes[FG], 20 * 4096);
         assert_eq!(a.seconds.len(), 1);
         assert_eq!(a.seconds[0].class_bytes[FLUSH], 5 << 20);
         assert_eq!(a.seconds[0].max_jobs, [1, 0, 0]);
+        assert_eq!(a.seconds[0].cache, [40, 600]);
     }
 
     /// A flush runs from 10 to 18 ms. Quiet are the requests with no job

@@ -535,7 +535,8 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
         // The attribution's sampler: readings from the clock's start on.
         let sampler = {
             let (sys, stop, clock, cg) = (&sys, &stop_attribution, &clock, cgroup.as_ref());
-            scope.spawn(move || attribution::sample(sys.stage.as_deref(), sys.db.db(), cg, clock, stop))
+            let stats = Some(&sys.options).filter(|o| o.get_statistics().is_some());
+            scope.spawn(move || attribution::sample(sys.stage.as_deref(), sys.db.db(), stats, cg, clock, stop))
         };
         let measured = settle_and_run(b, &sys, cgroup.as_ref(), &label, progress, &clock);
         stop_attribution.store(true, std::sync::atomic::Ordering::Release);

@@ -161,6 +161,17 @@ fn a_short_run_produces_summary_series_and_plots() {
         let quiet_p99 = a["quiet_p99_us"].as_u64().unwrap();
         assert!(quiet <= ops, "{quiet} quiet of {ops}");
         assert_eq!(quiet == 0, quiet_p99 == 0, "{a}");
+        // Every system's options enable RocksDB's statistics: the clients'
+        // reads looked data blocks up in the block cache, second by second.
+        let lookups: u64 = a["seconds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x["cache"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()))
+            .sum();
+        assert!(lookups > 0, "{}: no block cache lookups in {a}", s["name"]);
+        let share = a["all"]["cache_miss_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{share}");
         // On the emulated device every system runs through a stage: the
         // classes sum to the bytes per context the stage counted meanwhile.
         assert_eq!(a["staged"], true);
