@@ -12,9 +12,10 @@
 //! latency was spent waiting to be issued (behind an earlier slow request
 //! of the same client) and waiting for a CPU, how many block cache lookups
 //! missed; and the p99 of the quiet requests, around which no job ran
-//! ([`QUIET_MARGIN`]), as an estimate of the floor. For plain RocksDB, which has no stage, the jobs
-//! come from RocksDB's properties (flushes and compactions, not per level)
-//! and the bytes from the kernel's counters only.
+//! ([`QUIET_MARGIN`]), as an estimate of the floor. For plain RocksDB,
+//! which has no stage, the jobs come from RocksDB's properties (flushes and
+//! compactions, not per level) and the bytes from the kernel's counters
+//! only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -125,7 +126,8 @@ pub struct Samples {
 }
 
 /// Reads the block cache's data-block misses and hits from the options'
-/// statistics (a sum over per-core counters: no lock).
+/// statistics (a sum over per-core counters, under a lock that only
+/// readers of the statistics take, not RocksDB's I/O path).
 fn sample_cache(options: &rocksdb::Options) -> [u64; 2] {
     use rocksdb::statistics::Ticker;
     [options.get_ticker_count(Ticker::BlockCacheDataMiss), options.get_ticker_count(Ticker::BlockCacheDataHit)]
