@@ -82,6 +82,14 @@ struct Sample {
     cache: [u64; 2],
 }
 
+/// Adds to each of `acc` what its cumulative counter rose by from `then`
+/// to `now`.
+fn add_rise<const N: usize>(acc: &mut [f64; N], now: &[u64; N], then: &[u64; N]) {
+    for ((a, n), t) in acc.iter_mut().zip(now).zip(then) {
+        *a += n.saturating_sub(*t) as f64;
+    }
+}
+
 /// Reads the `cpu` line of `/proc/stat`.
 struct CpuClock(crate::runner::ProcFile<256>);
 
@@ -318,19 +326,11 @@ impl Samples {
             ln += u64::from(jobs[2] > 0);
             none += u64::from(jobs == [0; 3]);
             let (si, sj) = (&self.samples[i], &self.samples[j.max(i)]);
-            for k in 0..5 {
-                bytes[k] += sj.bytes[k].saturating_sub(si.bytes[k]) as f64;
-                ops[k] += sj.ops[k].saturating_sub(si.ops[k]) as f64;
-            }
-            for (acc, (now, then)) in charged.iter_mut().zip(sj.charged.iter().zip(si.charged)) {
-                *acc += now.saturating_sub(then) as f64;
-            }
-            for (acc, (now, then)) in ticks.iter_mut().zip(sj.cpu.iter().zip(si.cpu)) {
-                *acc += now.saturating_sub(then) as f64;
-            }
-            for (acc, (now, then)) in cache.iter_mut().zip(sj.cache.iter().zip(si.cache)) {
-                *acc += now.saturating_sub(then) as f64;
-            }
+            add_rise(&mut bytes, &sj.bytes, &si.bytes);
+            add_rise(&mut ops, &sj.ops, &si.ops);
+            add_rise(&mut charged, &sj.charged, &si.charged);
+            add_rise(&mut ticks, &sj.cpu, &si.cpu);
+            add_rise(&mut cache, &sj.cache, &si.cache);
             window_s += sj.t_us.saturating_sub(si.t_us).max(1) as f64 * 1e-6;
         }
         let n = a.requests.max(1) as f64;
