@@ -207,14 +207,18 @@ fn converged_at(records: &[serde_json::Value], shares: &[(&str, f64)]) -> Option
     }
 }
 
-/// Limits (MiB/s) per cycle, for messages.
+/// Limits (MiB/s) per cycle, each with the usage the cycle saw in
+/// brackets, for messages.
 fn limits(records: &[serde_json::Value]) -> String {
     records
         .iter()
         .map(|r| {
             let l: Vec<String> = ["t1", "t2", "t3"]
                 .iter()
-                .map(|t| limit(r, t).map_or("-".into(), |v| format!("{:.3}", v / MIB)))
+                .map(|t| {
+                    let u = usage(r, t).map_or("-".into(), |u| format!("{:.3}", u / MIB));
+                    limit(r, t).map_or("-".into(), |v| format!("{:.3} [{u}]", v / MIB))
+                })
                 .collect();
             format!("cycle {}: {}", r["cycle"], l.join(" "))
         })

@@ -9,8 +9,9 @@
 //!   fair share (water-filling: an instance asking less than its share gets
 //!   what it asks, the rest split what is left), then what is still left goes,
 //!   again max-min, to instances that can use more than their demand. An
-//!   instance that used clearly less of its limit than the others did of
-//!   theirs is taken to want only what it used; it gets that plus 10%
+//!   instance that used under 97% of its limit, and under 97% of the
+//!   largest share of its limit any instance used, is taken to want only
+//!   what it used; it gets that plus 10%
 //!   headroom (not reserved), and once it uses its whole limit again it is
 //!   taken to want more.
 //! * **proportional**: demands are met (scaled down in proportion when they
@@ -53,10 +54,13 @@ pub struct FlowInput {
 
 /// Share of the capacity below which no limit goes.
 const FLOOR: f64 = 0.01;
-/// An instance is saturated when it used at least this share of the highest
-/// usage-to-limit ratio among the instances. Relative, because when the
-/// device itself is the bottleneck every instance gets less than its limit
-/// in the same proportion.
+/// An instance is saturated when it used at least this share of its own
+/// limit, or of the highest usage-to-limit ratio among the instances. The
+/// relative test is for when the device itself is the bottleneck, and every
+/// instance gets less than its limit in the same proportion; the absolute
+/// one is so that a neighbour going over its limit for a cycle (a burst, or
+/// the milliseconds before a new limit reached it) cannot make an instance
+/// that used its whole limit look idle.
 const SATURATED: f64 = 0.97;
 /// Headroom given (not reserved) above an unsaturated instance's usage.
 /// `1 / (1 + HEADROOM)` must stay below `SATURATED`, or an instance using
@@ -141,7 +145,7 @@ impl FairShare {
             .map(|f| match ratio(f) {
                 // When nobody used anything, everyone keeps a full share so
                 // whoever starts first is not held back.
-                Some(r) if top > 0.0 && r < SATURATED * top => (f.usage, false),
+                Some(r) if top > 0.0 && r < SATURATED * top && r < SATURATED => (f.usage, false),
                 _ => (f64::INFINITY, true),
             })
             .collect()
@@ -299,6 +303,26 @@ mod tests {
         // Static keeps everyone at the demand: 200 of the 1000 go unused.
         let s = FairShare::new(FairShareMode::Static, 1000.0, Vec::new());
         assert!(close(&s.allocate(&inputs), &[250.0; 4]));
+    }
+
+    /// A neighbour over its limit for a cycle does not make an instance
+    /// that used its whole limit look idle (a fleet run in CI saw such an
+    /// instance given its usage plus headroom for two cycles).
+    #[test]
+    fn a_neighbour_over_its_limit_does_not_demote_a_saturated_instance() {
+        let p = FairShare::new(FairShareMode::MaxMin, 1000.0, Vec::new());
+        let inputs = [
+            FlowInput { demand: 200.0, usage: 199.0, limit: Some(200.0) },
+            FlowInput { demand: f64::INFINITY, usage: 440.0, limit: Some(400.0) },
+            FlowInput { demand: f64::INFINITY, usage: 400.0, limit: Some(400.0) },
+        ];
+        let r = p.allocate(&inputs);
+        assert!(close(&r, &[200.0, 400.0, 400.0]), "{r:?}");
+        // One that used less than 97% of its limit is still given its
+        // usage plus headroom.
+        let inputs = [FlowInput { usage: 150.0, ..inputs[0] }, inputs[1], inputs[2]];
+        let r = p.allocate(&inputs);
+        assert!(close(&r, &[165.0, 425.0, 425.0]), "{r:?}");
     }
 
     #[test]
