@@ -415,23 +415,19 @@ impl Samples {
             busy.push(busy.last().copied().unwrap_or(0) + u32::from(s.jobs != [0; 3]));
         }
         let margin = QUIET_MARGIN.as_micros() as u64;
-        let mut quiet: Vec<u32> = requests
-            .iter()
-            .filter(|r| {
-                let i = self.at_or_before(r.due_us.saturating_sub(margin));
-                let j = self.at_or_after(r.due_us + u64::from(r.latency_us)).max(i);
-                busy[j + 1] == busy[i]
-            })
-            .map(|r| r.latency_us)
-            .collect();
+        // The same histogram, and so the same p99, as the run's own.
+        let mut quiet = crate::runner::histogram();
+        for r in requests {
+            let i = self.at_or_before(r.due_us.saturating_sub(margin));
+            let j = self.at_or_after(r.due_us + u64::from(r.latency_us)).max(i);
+            if busy[j + 1] == busy[i] {
+                quiet.saturating_record(u64::from(r.latency_us));
+            }
+        }
         if quiet.is_empty() {
             return (0, 0);
         }
-        // The nearest-rank p99.
-        let rank = ((quiet.len() as f64 * 0.99).ceil() as usize).clamp(1, quiet.len()) - 1;
-        let n = quiet.len() as u64;
-        let (_, p99, _) = quiet.select_nth_unstable(rank);
-        (n, u64::from(*p99))
+        (quiet.len(), quiet.value_at_quantile(0.99))
     }
 
     /// Bytes per request context the stage admitted between the first and
