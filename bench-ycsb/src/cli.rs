@@ -171,6 +171,19 @@ struct SystemArgs {
     /// 64 KiB (rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST); `0`: no bound.
     #[arg(long, default_value_t = rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST, value_parser = parse_request_size)]
     max_background_request: u64,
+    /// Block-cache warming for the default controller (`paio-adaptive`
+    /// only): RocksDB's `prepopulate_block_cache`, `off`, `flush` (blocks
+    /// a flush writes go into the block cache) or `flush-and-compaction`
+    /// (also the blocks a compaction writes, so that the clients' reads of
+    /// a compaction's new files do not all miss the cache at once).
+    #[arg(long, default_value = "off", value_parser = ["off", "flush", "flush-and-compaction"])]
+    prepopulate_block_cache: String,
+    /// The default controller's `demand_memory` (`paio-adaptive` only; it
+    /// overrides the value of `--adaptive-config`): how long the clients'
+    /// recent file traffic still counts as their demand when it sets what
+    /// background work may use. Default: the controller's (0s, off).
+    #[arg(long, value_parser = parse_duration)]
+    demand_memory: Option<std::time::Duration>,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
     quiet: bool,
@@ -412,6 +425,10 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
             }
         }
     };
+    let adaptive = match sys.demand_memory {
+        Some(demand_memory) => controller::AdaptiveConfig { demand_memory, ..adaptive },
+        None => adaptive,
+    };
     Ok(SystemConfig {
         device: sys.device,
         kvs: kvs_bandwidth(sys),
@@ -420,6 +437,7 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
         background_cpu: sys.background_cpu.clone(),
         adaptive,
         max_background_request: sys.max_background_request,
+        prepopulate_block_cache: sys.prepopulate_block_cache.clone(),
         db: DbOptions::for_device(&sys.device),
     })
 }

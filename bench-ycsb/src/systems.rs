@@ -373,6 +373,11 @@ pub struct SystemConfig {
     /// compaction issues at once (0: none), see
     /// [`rocks_env::StagedDbBuilder::max_background_request`].
     pub max_background_request: u64,
+    /// The default controller's block-cache warming (`paio-adaptive`
+    /// only): `off`, `flush` or `flush-and-compaction`, RocksDB's
+    /// `prepopulate_block_cache` (kDisable, kFlushOnly,
+    /// kFlushAndCompaction).
+    pub prepopulate_block_cache: String,
     /// RocksDB options.
     pub db: DbOptions,
 }
@@ -530,6 +535,24 @@ impl PressureCell {
     }
 }
 
+/// Sets RocksDB's `prepopulate_block_cache` on an open DB (its table
+/// options are mutable): `off`, `flush` (kFlushOnly) or
+/// `flush-and-compaction` (kFlushAndCompaction). `off` changes nothing.
+pub fn prepopulate_block_cache(db: &DB, value: &str) -> Result<()> {
+    let v = match value {
+        "off" => return Ok(()),
+        "flush" => "kFlushOnly",
+        "flush-and-compaction" => "kFlushAndCompaction",
+        other => {
+            return Err(Error::Usage(format!(
+                "--prepopulate-block-cache: {other:?} is not off, flush or flush-and-compaction"
+            )));
+        }
+    };
+    db.set_options(&[("block_based_table_factory", &format!("{{prepopulate_block_cache={v};}}"))])?;
+    Ok(())
+}
+
 /// Opens `kind` on a copy of the loaded DB at `path`. A controller, if the
 /// system has one, appends its decision log to `decision_log`.
 pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Option<&Path>) -> Result<RunningSystem> {
@@ -579,6 +602,9 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         builder = builder.max_background_request(cfg.max_background_request);
     }
     let db = Arc::new(builder.open(path)?);
+    if kind == SystemKind::PaioAdaptive {
+        prepopulate_block_cache(db.db(), &cfg.prepopulate_block_cache)?;
+    }
     let pressure = matches!(kind, SystemKind::PaioSilkPressure).then(|| Arc::new(PressureCell::default()));
     let controller = match kind {
         SystemKind::PaioAdaptive => {
@@ -625,6 +651,32 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The setting reaches RocksDB: the OPTIONS file it writes after
+    /// `SetOptions` has the value; a bad value is refused by name.
+    #[test]
+    fn prepopulate_block_cache_reaches_rocksdb() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = DB::open(&DbOptions::default().rocksdb(), dir.path()).unwrap();
+        let latest = || {
+            let mut files: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.starts_with("OPTIONS-"))
+                .collect();
+            files.sort_by_key(|n| n["OPTIONS-".len()..].parse::<u64>().unwrap());
+            std::fs::read_to_string(dir.path().join(files.last().unwrap())).unwrap()
+        };
+        assert!(latest().contains("prepopulate_block_cache=kDisable"));
+        prepopulate_block_cache(&db, "off").unwrap();
+        assert!(latest().contains("prepopulate_block_cache=kDisable"));
+        prepopulate_block_cache(&db, "flush-and-compaction").unwrap();
+        assert!(latest().contains("prepopulate_block_cache=kFlushAndCompaction"), "{}", latest());
+        prepopulate_block_cache(&db, "flush").unwrap();
+        assert!(latest().contains("prepopulate_block_cache=kFlushOnly"));
+        let e = prepopulate_block_cache(&db, "always").unwrap_err().to_string();
+        assert!(e.contains("--prepopulate-block-cache") && e.contains("always"), "{e}");
+    }
 
     #[test]
     fn device_specs() {

@@ -319,10 +319,15 @@ mod tests {
         assert_eq!(adaptive.effective_interval(), Duration::from_millis(10));
         // The per-direction keys, commented out in the example.
         let directed = ControllerConfig::from_toml(
-            "policy = \"adaptive\"\n[adaptive]\nread_bandwidth = \"56MiB/s\"\nwrite_bandwidth = \"28MiB/s\"\nidle_interval = \"1s\"\n",
+            "policy = \"adaptive\"\n[adaptive]\nread_bandwidth = \"56MiB/s\"\nwrite_bandwidth = \"28MiB/s\"\nidle_interval = \"1s\"\ndemand_memory = \"750ms\"\n",
         )
         .unwrap();
         assert_eq!(directed.adaptive.idle_interval, Duration::from_secs(1));
+        assert_eq!(directed.adaptive.demand_memory, Duration::from_millis(750));
+        assert_eq!(
+            ControllerConfig::from_toml("policy = \"adaptive\"\n").unwrap().adaptive.demand_memory,
+            Duration::ZERO
+        );
         let mib = |b: Option<kv_stage::units::Bandwidth>| b.map(|b| b.bytes_per_sec() / 1048576.0);
         assert_eq!(mib(directed.adaptive.read_bandwidth), Some(56.0));
         assert_eq!(mib(directed.adaptive.write_bandwidth), Some(28.0));

@@ -86,13 +86,72 @@ pub struct Directions {
     /// budget splits between the directions (kept from the last traffic
     /// while there is none).
     pub bg_read_share: f64,
+    /// The clients' read demand, bytes/s: the larger of this cycle's
+    /// client reads and their recent peak, decaying with
+    /// [`AdaptiveConfig::demand_memory`]. What background work may use is
+    /// set from the demand, not from this cycle's traffic alone, which
+    /// falls when clients wait behind background I/O.
+    pub fg_read_demand_bps: f64,
+    /// The clients' write demand, bytes/s (as `fg_read_demand_bps`).
+    pub fg_write_demand_bps: f64,
+}
+
+impl Directions {
+    /// The clients' demand over both directions, bytes/s.
+    pub fn fg_demand_bps(&self) -> f64 {
+        self.fg_read_demand_bps + self.fg_write_demand_bps
+    }
+
+    /// The next cycle's traffic from the previous one (`None` for an
+    /// instance's first cycle) and this cycle's bytes/s, `[client reads,
+    /// client writes, background reads, background writes]`. Background
+    /// traffic moves toward this cycle's by `smoothing` (0 to 1); the
+    /// clients' demand is this cycle's traffic or, when that is less, the
+    /// previous demand times `keep` (0 to 1: what a peak keeps over one
+    /// cycle).
+    pub fn next(prev: Option<Directions>, now: [f64; 4], smoothing: f64, keep: f64) -> Directions {
+        let d = match prev {
+            None => Directions {
+                fg_read_bps: now[0],
+                fg_write_bps: now[1],
+                bg_read_bps: now[2],
+                bg_write_bps: now[3],
+                fg_read_demand_bps: now[0],
+                fg_write_demand_bps: now[1],
+                ..Directions::default()
+            },
+            Some(p) => {
+                let avg = |prev: f64, x: f64| prev + smoothing * (x - prev);
+                Directions {
+                    fg_read_bps: now[0],
+                    fg_write_bps: now[1],
+                    bg_read_bps: avg(p.bg_read_bps, now[2]),
+                    bg_write_bps: avg(p.bg_write_bps, now[3]),
+                    bg_read_share: p.bg_read_share,
+                    fg_read_demand_bps: now[0].max(keep * p.fg_read_demand_bps),
+                    fg_write_demand_bps: now[1].max(keep * p.fg_write_demand_bps),
+                }
+            }
+        };
+        // Bytes-weighted: the share of the averaged background bytes.
+        let bg = d.bg_read_bps + d.bg_write_bps;
+        Directions { bg_read_share: if bg > 0.0 { d.bg_read_bps / bg } else { d.bg_read_share }, ..d }
+    }
 }
 
 impl Default for Directions {
     /// No traffic; background bytes assumed half reads (a compaction reads
     /// about what it writes).
     fn default() -> Self {
-        Directions { fg_read_bps: 0.0, fg_write_bps: 0.0, bg_read_bps: 0.0, bg_write_bps: 0.0, bg_read_share: 0.5 }
+        Directions {
+            fg_read_bps: 0.0,
+            fg_write_bps: 0.0,
+            bg_read_bps: 0.0,
+            bg_write_bps: 0.0,
+            bg_read_share: 0.5,
+            fg_read_demand_bps: 0.0,
+            fg_write_demand_bps: 0.0,
+        }
     }
 }
 
@@ -229,7 +288,10 @@ impl Adaptive {
         let busy = self.has_clients(fg_ops, fg_bps) && self.is_busy(fg_ops, total_bps, &directions);
         let contended = busy || since_busy.is_some_and(|s| s < c.hold.as_secs_f64());
         let direction_left = self.direction_left(&directions);
-        let left = (d - fg_bps).min(direction_left).max(min);
+        // What clients leave, judged by their demand (this cycle's traffic
+        // or, when it fell, their recent peak): clients that wait behind
+        // background I/O move fewer bytes, and must not make room for more.
+        let left = (d - fg_bps.max(directions.fg_demand_bps())).min(direction_left).max(min);
         // What background work gets while contended: a calm share of D with
         // no backlog, all that clients leave as the backlog grows.
         let calm = (c.calm_share * d).min(left).max(min);
@@ -301,7 +363,9 @@ impl Adaptive {
 
     /// The most background work may use so that, at its share of reads and
     /// writes, it fits the room clients leave in each limited direction:
-    /// `min((R - Fg_read) / read_share, (W - Fg_write) / write_share)`.
+    /// `min((R - Fg_read) / read_share, (W - Fg_write) / write_share)`, with
+    /// the clients' demand per direction (the larger of this cycle's
+    /// traffic and the remembered peak) as `Fg_read` and `Fg_write`.
     /// `INFINITY` with no limited direction.
     pub fn direction_left(&self, directions: &Directions) -> f64 {
         let c = &self.config;
@@ -310,9 +374,9 @@ impl Adaptive {
             Some(b) if share >= MIN_DIRECTION_SHARE => (b.bytes_per_sec() - used).max(0.0) / share,
             _ => f64::INFINITY,
         };
-        room(c.read_bandwidth, directions.fg_read_bps, share_r).min(room(
+        room(c.read_bandwidth, directions.fg_read_bps.max(directions.fg_read_demand_bps), share_r).min(room(
             c.write_bandwidth,
-            directions.fg_write_bps,
+            directions.fg_write_bps.max(directions.fg_write_demand_bps),
             1.0 - share_r,
         ))
     }
@@ -353,6 +417,9 @@ impl Adaptive {
         let bg_read = (bg_total - bg_write).max(0.0);
         let pressure = v.pressure.unwrap_or_default();
         let a = (v.rates.interval.as_secs_f64() / FG_OPS_SMOOTHING.as_secs_f64()).clamp(0.0, 1.0);
+        // The clients' demand: a peak that decays with `demand_memory`.
+        let memory = self.config.demand_memory.as_secs_f64();
+        let keep = if memory > 0.0 { (-v.rates.interval.as_secs_f64() / memory).exp() } else { 0.0 };
         let st = self.state(v.key);
         if st.fg_ops.is_none() {
             // A new instance starts contended (for `hold`): before its
@@ -366,31 +433,7 @@ impl Adaptive {
         };
         st.fg_ops = Some(fg_ops);
         let now = [(fg_bps - ingest_bps).max(0.0), ingest_bps, bg_read, bg_write];
-        let directions = match st.directions {
-            None => Directions {
-                fg_read_bps: now[0],
-                fg_write_bps: now[1],
-                bg_read_bps: now[2],
-                bg_write_bps: now[3],
-                ..Directions::default()
-            },
-            Some(p) => {
-                let avg = |prev: f64, x: f64| prev + a * (x - prev);
-                Directions {
-                    fg_read_bps: now[0],
-                    fg_write_bps: now[1],
-                    bg_read_bps: avg(p.bg_read_bps, now[2]),
-                    bg_write_bps: avg(p.bg_write_bps, now[3]),
-                    bg_read_share: p.bg_read_share,
-                }
-            }
-        };
-        // Bytes-weighted: the share of the averaged background bytes.
-        let bg = directions.bg_read_bps + directions.bg_write_bps;
-        let directions = Directions {
-            bg_read_share: if bg > 0.0 { directions.bg_read_bps / bg } else { directions.bg_read_share },
-            ..directions
-        };
+        let directions = Directions::next(st.directions, now, a, keep);
         st.directions = Some(directions);
         let flush = drls_for(&v.info, C::BG_FLUSH);
         let l0 = drls_for(&v.info, C::BG_COMPACTION_L0_L1);
@@ -462,6 +505,7 @@ impl Adaptive {
             "since_busy_s": since_busy,
             "mode": x.mode,
             "fg_read_bps": x.directions.fg_read_bps,
+            "fg_demand_bps": x.directions.fg_demand_bps(),
             "bg_read_bps": x.directions.bg_read_bps,
             "bg_write_bps": x.directions.bg_write_bps,
             "bg_read_share": x.directions.bg_read_share,
@@ -528,8 +572,15 @@ mod tests {
     const MIB: f64 = 1048576.0;
 
     /// No per-direction traffic (the policies here limit no direction).
-    const NONE: Directions =
-        Directions { fg_read_bps: 0.0, fg_write_bps: 0.0, bg_read_bps: 0.0, bg_write_bps: 0.0, bg_read_share: 0.5 };
+    const NONE: Directions = Directions {
+        fg_read_bps: 0.0,
+        fg_write_bps: 0.0,
+        bg_read_bps: 0.0,
+        bg_write_bps: 0.0,
+        bg_read_share: 0.5,
+        fg_read_demand_bps: 0.0,
+        fg_write_demand_bps: 0.0,
+    };
 
     /// Backlog only (pending compaction bytes).
     fn backlog(level: f64) -> Pressure {
@@ -695,6 +746,65 @@ mod tests {
         let x = off.compute(14.0 * MIB, 12.0 * MIB, 20000.0, 30.0 * MIB, backlog(0.0), Some(0.0), true, true, NONE);
         assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), (10.0, 10.0, 4.0));
     }
+    /// Clients that stall behind a deep compaction move fewer bytes: their
+    /// demand (the remembered peak, decaying over `demand_memory`) still
+    /// bounds what background work gets, so the compaction is not given
+    /// the device that their stall seems to leave (on 2026-12-05 a
+    /// write-peaks run had its clients move 2 MiB/s for 500 ms while an
+    /// L5->L6 compaction was set 74 MiB/s of a 56 MiB/s read side).
+    #[test]
+    fn clients_that_stall_keep_their_demand() {
+        let bw = |m: f64| kv_stage::units::Bandwidth::new(m * MIB).unwrap();
+        let p = Adaptive::new(&AdaptiveConfig {
+            device_bandwidth: bw(112.0),
+            min_bandwidth: bw(4.0),
+            read_bandwidth: Some(bw(56.0)),
+            write_bandwidth: Some(bw(56.0)),
+            demand_memory: std::time::Duration::from_secs(1),
+            ..AdaptiveConfig::default()
+        });
+        let forget = Adaptive::new(&AdaptiveConfig { demand_memory: std::time::Duration::ZERO, ..p.config.clone() });
+        let keep = (-0.01f64 / p.config.demand_memory.as_secs_f64()).exp();
+        // 1 s of clients reading 30 and writing 10 MiB/s beside a deep
+        // compaction (15 read, 15 written), then 500 ms in which they move
+        // 1 MiB/s of each.
+        let run = |keep: f64, cycles: usize| {
+            let mut d = None;
+            for cycle in 0..cycles {
+                let fg = if cycle < 100 { [30.0, 10.0] } else { [1.0, 1.0] };
+                let now = [fg[0] * MIB, fg[1] * MIB, 15.0 * MIB, 15.0 * MIB];
+                d = Some(Directions::next(d, now, 0.05, keep));
+            }
+            d.unwrap()
+        };
+        let (before, stalled, forgotten) = (run(keep, 100), run(keep, 150), run(0.0, 150));
+        // The demand decayed by e^-0.5 (to 61%), not to this cycle's 1 MiB/s.
+        assert!((stalled.fg_read_demand_bps / MIB - 30.0 * (-0.5f64).exp()).abs() < 0.2, "{stalled:?}");
+        assert!((stalled.fg_write_demand_bps / MIB - 10.0 * (-0.5f64).exp()).abs() < 0.1, "{stalled:?}");
+        assert_eq!(stalled.fg_read_bps, MIB);
+        // Pending bytes at 0.55 of RocksDB's soft limit, only the deep
+        // compaction running.
+        let x0 = p.compute(40.0 * MIB, 10.0 * MIB, 8000.0, 70.0 * MIB, backlog(0.55), Some(0.0), false, false, before);
+        let x1 = p.compute(2.0 * MIB, 1.0 * MIB, 8000.0, 32.0 * MIB, backlog(0.55), Some(0.0), false, false, stalled);
+        let x2 =
+            forget.compute(2.0 * MIB, 1.0 * MIB, 8000.0, 32.0 * MIB, backlog(0.55), Some(0.0), false, false, forgotten);
+        assert_eq!(
+            (x0.mode, x1.mode, x2.mode),
+            (AdaptiveMode::Contended, AdaptiveMode::Contended, AdaptiveMode::Contended)
+        );
+        // The budget: the calm third of D (37.3) and 60% of the way from it
+        // to what clients leave (the ramp at pressure 0.55).
+        let budget = |left: f64| 112.0 / 3.0 + 0.6 * (left - 112.0 / 3.0);
+        // Before the stall clients leave the read room, (56 - 30) / 0.5 = 52.
+        assert!((x0.b_ln / MIB - budget(52.0)).abs() < 1e-6, "{x0:?}");
+        // In it, the room their remembered demand leaves, (56 - 18.2) / 0.5.
+        let room = (56.0 - 30.0 * (-0.5f64).exp()) / 0.5;
+        assert!((x1.b_ln / MIB - budget(room)).abs() < 0.5, "{x1:?}");
+        // Judged by this cycle's traffic alone, the stall would hand the
+        // compaction the budget of (56 - 1) / 0.5 = 110 MiB/s left.
+        assert!((x2.b_ln / MIB - budget(110.0)).abs() < 1e-6, "{x2:?}");
+    }
+
     /// A device that limits each direction (kernel `rbps` = `wbps`, 56 MiB/s
     /// of each for the store, `D` = 112): a cold start's client reads fill
     /// the read side with an L0 compaction (half reads). The read side
@@ -720,6 +830,8 @@ mod tests {
             bg_read_bps: 14.0 * MIB,
             bg_write_bps: 14.0 * MIB,
             bg_read_share: 0.5,
+            fg_read_demand_bps: 0.0,
+            fg_write_demand_bps: 0.0,
         };
         let at = AdaptiveConfig::default().promote_at;
         // 60 of 112 MiB/s in total, 1,000 requests/s: busy only by its reads

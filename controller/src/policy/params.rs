@@ -166,6 +166,18 @@ pub struct AdaptiveConfig {
     /// controller's `interval` (a smaller value is the interval).
     #[serde(default = "AdaptiveConfig::default_idle_interval", with = "kv_stage::units::duration_str")]
     pub idle_interval: Duration,
+    /// How long the clients' recent file traffic still counts as their
+    /// demand when the policy sets what background work may use: the
+    /// demand, per direction, is the larger of this cycle's traffic and the
+    /// recent peak, decaying with this time constant. Clients that wait
+    /// behind background I/O move fewer bytes; judged by this cycle's
+    /// traffic alone, `D - Fg` would then grow and give background work
+    /// more of the device, which stalls the clients further. `0s` (the
+    /// default): this cycle's traffic only, as SILK measures it. Off by
+    /// default: in its one side-by-side write-peaks run, 1 s did not bring
+    /// the default nearer its target (results/write-peaks-kernel-2026-12-05d).
+    #[serde(default = "AdaptiveConfig::default_demand_memory", with = "kv_stage::units::duration_str")]
+    pub demand_memory: Duration,
 }
 
 impl AdaptiveConfig {
@@ -186,6 +198,9 @@ impl AdaptiveConfig {
     }
     fn default_idle_interval() -> Duration {
         Duration::from_millis(100)
+    }
+    fn default_demand_memory() -> Duration {
+        Duration::ZERO
     }
     fn default_promote_at() -> f64 {
         0.9
@@ -217,7 +232,8 @@ impl Default for AdaptiveConfig {
     /// busy at 75% of it or with 2,000 client requests/s; 500 ms hold; a
     /// third of the budget with no backlog, all that clients leave from
     /// pressure 0.75; promotion at pressure 0.9; no ingest floor; no
-    /// per-direction limits; 100 ms between cycles while healthy and idle.
+    /// per-direction limits; 100 ms between cycles while healthy and idle;
+    /// the clients' demand judged by each cycle's traffic alone.
     fn default() -> Self {
         AdaptiveConfig {
             device_bandwidth: Self::default_device(),
@@ -233,6 +249,7 @@ impl Default for AdaptiveConfig {
             read_bandwidth: None,
             write_bandwidth: None,
             idle_interval: Self::default_idle_interval(),
+            demand_memory: Self::default_demand_memory(),
         }
     }
 }
