@@ -6,10 +6,15 @@
 #include "shim.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "env/composite_env_wrapper.h"
@@ -137,6 +142,12 @@ class Handle {
   }
 
   void Emit(const rocks_env_event& ev) const { cbs_.event(handle_, &ev); }
+
+  // Whether to hold back the deletion of a file of `file_kind` that has
+  // waited `waited_ms` (see rocks_env_defer_delete_fn).
+  bool DeferDelete(uint8_t file_kind, uint64_t waited_ms) const {
+    return cbs_.defer_delete(handle_, file_kind, waited_ms) != 0;
+  }
 
   void Emit(uint8_t kind) const {
     rocks_env_event ev{};
@@ -477,6 +488,20 @@ class HookFileSystem : public FileSystemWrapper {
                  std::shared_ptr<const Handle> h)
       : FileSystemWrapper(base), h_(std::move(h)) {}
 
+  // Deletions still held back are done now, on the destroying thread.
+  ~HookFileSystem() override {
+    {
+      std::lock_guard<std::mutex> l(deferred_mu_);
+      stop_ = true;
+    }
+    deferred_cv_.notify_all();
+    if (deleter_.joinable()) deleter_.join();
+    IOOptions io;
+    for (const Deferred& d : deferred_) {
+      target()->DeleteFile(d.name, io, nullptr).PermitUncheckedError();
+    }
+  }
+
   static const char* kClassName() { return "KvStageFileSystem"; }
   const char* Name() const override { return kClassName(); }
 
@@ -540,10 +565,26 @@ class HookFileSystem : public FileSystemWrapper {
     return s;
   }
 
+  // A table, blob or WAL file whose deletion the handle holds back is
+  // renamed (a metadata change; freeing its blocks, which on a file system
+  // with online discard sends the device a discard, is what waits) and
+  // unlinked later by this layer's thread.
   IOStatus DeleteFile(const std::string& f, const IOOptions& options,
                       IODebugContext* dbg) override {
-    return Guarded(*h_, kDelete, FileKindOf(f), 0, options,
-                   [&] { return target()->DeleteFile(f, options, dbg); });
+    const uint8_t kind = FileKindOf(f);
+    IOStatus s = h_->Enforce(kDelete, kind, 0, &options);
+    if (!s.ok()) return s;
+    const bool deferrable = kind == ROCKS_ENV_FILE_SST ||
+                            kind == ROCKS_ENV_FILE_BLOB ||
+                            kind == ROCKS_ENV_FILE_WAL;
+    if (deferrable && h_->DeferDelete(kind, 0)) {
+      std::string held = f + ROCKS_ENV_DEFERRED_SUFFIX;
+      if (target()->RenameFile(f, held, options, dbg).ok()) {
+        Hold(std::move(held), kind);
+        return IOStatus::OK();
+      }
+    }
+    return target()->DeleteFile(f, options, dbg);
   }
 
   IOStatus Truncate(const std::string& f, size_t size, const IOOptions& options,
@@ -634,7 +675,46 @@ class HookFileSystem : public FileSystemWrapper {
     return s;
   }
 
+  struct Deferred {
+    std::string name;
+    uint8_t kind;
+    std::chrono::steady_clock::time_point since;
+  };
+
+  void Hold(std::string name, uint8_t kind) {
+    std::lock_guard<std::mutex> l(deferred_mu_);
+    deferred_.push_back({std::move(name), kind, std::chrono::steady_clock::now()});
+    if (!deleter_.joinable()) deleter_ = std::thread([this] { DeleterLoop(); });
+  }
+
+  // Every 50 ms, asks whether the oldest held-back file may go, and
+  // unlinks it (outside the lock) when it may: one file at a time.
+  void DeleterLoop() {
+    std::unique_lock<std::mutex> l(deferred_mu_);
+    while (!stop_) {
+      deferred_cv_.wait_for(l, std::chrono::milliseconds(50));
+      if (stop_ || deferred_.empty()) continue;
+      const Deferred front = deferred_.front();
+      l.unlock();
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - front.since);
+      const bool hold = h_->DeferDelete(front.kind, static_cast<uint64_t>(waited.count()));
+      if (!hold) {
+        IOOptions io;
+        target()->DeleteFile(front.name, io, nullptr).PermitUncheckedError();
+      }
+      l.lock();
+      // Only this thread removes entries, so the front is still `front`.
+      if (!hold) deferred_.pop_front();
+    }
+  }
+
   std::shared_ptr<const Handle> h_;
+  std::mutex deferred_mu_;
+  std::condition_variable deferred_cv_;
+  std::deque<Deferred> deferred_;
+  bool stop_ = false;
+  std::thread deleter_;
 };
 
 // Runs a scheduled task between TASK_BEGIN and TASK_END reports.

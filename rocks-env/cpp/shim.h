@@ -121,12 +121,25 @@ typedef void (*rocks_env_event_fn)(const void* handle,
                                    const rocks_env_event* event);
 // Drops one reference to `handle`.
 typedef void (*rocks_env_release_fn)(const void* handle);
+// Asked for a table, blob or WAL file the DB deletes (`waited_ms` 0), and
+// then every 50 ms for the oldest file that waits (`waited_ms`: since its
+// deletion was asked): nonzero to hold the deletion back, 0 to delete now.
+// A file held back is renamed to its name plus ROCKS_ENV_DEFERRED_SUFFIX at
+// once and unlinked later by the layer's own thread, one file at a time;
+// what still waits when the layer is destroyed is unlinked then.
+typedef int32_t (*rocks_env_defer_delete_fn)(const void* handle,
+                                             uint8_t file_kind,
+                                             uint64_t waited_ms);
 
 typedef struct rocks_env_callbacks {
   rocks_env_enforce_fn enforce;
   rocks_env_event_fn event;
   rocks_env_release_fn release;
+  rocks_env_defer_delete_fn defer_delete;
 } rocks_env_callbacks;
+
+// What a deletion held back is renamed to: its name plus this.
+#define ROCKS_ENV_DEFERRED_SUFFIX ".rocks-env-deferred"
 
 // A file system layer (a shared reference to a rocksdb::FileSystem).
 typedef struct rocks_env_fs_t rocks_env_fs_t;

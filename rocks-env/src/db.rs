@@ -9,7 +9,7 @@ use kv_stage::{InstanceId, Stage, layer::KvStore};
 use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode};
 
 use crate::device::{Device, DeviceStats};
-use crate::env::{add_listener, staged_env};
+use crate::env::{add_listener, set_delete_rate, staged_env};
 use crate::error::{Error, Result};
 use crate::fault::FaultInjection;
 use crate::io::{BackgroundErrors, CompactionLevelStats, DbIo, IoStats, JobStats};
@@ -21,6 +21,17 @@ use crate::layout::RocksLayout;
 /// size the emulated device serves requests in ([`crate::DEVICE_CHUNK`]).
 /// Measured on a kernel-throttled disk (`results/figures-kernel-2026-12-04`).
 pub const DEFAULT_MAX_BACKGROUND_REQUEST: u64 = 64 << 10;
+
+/// How long a deletion may wait for a calm moment in the default
+/// controller's set-ups ([`StagedDbBuilder::defer_deletions`];
+/// `kv_async::ProtectedDb` and bench-ycsb's `default` system): 30 s.
+/// Measured on a kernel-throttled disk mounted with online discard
+/// (`results/write-peaks-kernel-2026-12-05d`).
+pub const DEFAULT_DEFER_DELETIONS: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The default [`StagedDbBuilder::max_trash_ratio`]: RocksDB's own, a
+/// quarter of the DB's size.
+pub const DEFAULT_MAX_TRASH_RATIO: f64 = 0.25;
 
 /// Builds a [`StagedDb`].
 ///
@@ -44,6 +55,9 @@ pub struct StagedDbBuilder {
     instance: InstanceId,
     column_families: Vec<(String, rocksdb::Options)>,
     max_background_request: u64,
+    delete_rate: u64,
+    max_trash_ratio: f64,
+    defer_deletions: std::time::Duration,
 }
 
 impl StagedDbBuilder {
@@ -60,6 +74,9 @@ impl StagedDbBuilder {
             instance: InstanceId(0),
             column_families: Vec::new(),
             max_background_request: 0,
+            delete_rate: 0,
+            max_trash_ratio: DEFAULT_MAX_TRASH_RATIO,
+            defer_deletions: std::time::Duration::ZERO,
         }
     }
 
@@ -110,6 +127,49 @@ impl StagedDbBuilder {
         self
     }
 
+    /// Paced deletion of obsolete files, in bytes per second (RocksDB's
+    /// `SstFileManager` delete scheduler, on this DB's staged Env). A
+    /// deleted table, blob or WAL file is renamed to `*.trash` at once and
+    /// unlinked later by one background thread, one file after the other,
+    /// so that the file system's work of freeing their blocks (on a file
+    /// system mounted with online discard, a discard request the device
+    /// serves before the I/O queued behind it) comes spread out instead of
+    /// in bursts after every flush and compaction. Trash above
+    /// [`Self::max_trash_ratio`] times the DB's size is deleted at once;
+    /// trash a closed DB left is deleted when it is opened again with a
+    /// rate. Default: 0, files are deleted at once.
+    pub fn delete_rate(mut self, bytes_per_sec: u64) -> Self {
+        self.delete_rate = bytes_per_sec;
+        self
+    }
+
+    /// With a [`Self::delete_rate`]: the most trash waiting for deletion,
+    /// as a share of the DB's size, above which a deleted file is removed
+    /// at once (RocksDB's `max_trash_db_ratio`). Default:
+    /// [`DEFAULT_MAX_TRASH_RATIO`].
+    pub fn max_trash_ratio(mut self, ratio: f64) -> Self {
+        self.max_trash_ratio = ratio;
+        self
+    }
+
+    /// Deletions of obsolete files wait for a calm moment, for at most
+    /// `max_wait`. While a limit holds this DB's flushes or compactions
+    /// back (a DRL serving them has a finite rate: what a controller sets
+    /// while clients need the device), a table, blob or WAL file RocksDB
+    /// deletes is renamed to its name plus `.rocks-env-deferred` (a
+    /// metadata change) and unlinked by the file system layer's own
+    /// thread once no limit holds, or once it has waited `max_wait`, one
+    /// file at a time, at most one every 50 ms. Freeing a file's blocks is
+    /// device work: on a file system mounted with online discard (ext4
+    /// `-o discard`) it sends the device a discard that the I/O queued
+    /// behind it waits for. What still waits when the DB closes is unlinked
+    /// then; what a crash left is unlinked when the DB opens again.
+    /// Default: zero, files are deleted when RocksDB deletes them.
+    pub fn defer_deletions(mut self, max_wait: std::time::Duration) -> Self {
+        self.defer_deletions = max_wait;
+        self
+    }
+
     /// A column family to open (all existing ones must be listed, as with
     /// `DB::open_cf_descriptors`; `default` may be omitted).
     pub fn column_family(mut self, name: impl Into<String>, options: rocksdb::Options) -> Self {
@@ -120,6 +180,7 @@ impl StagedDbBuilder {
     /// Opens the DB.
     pub fn open(self, path: impl AsRef<Path>) -> Result<StagedDb> {
         let path = path.as_ref().to_path_buf();
+        remove_deferred(&path)?;
         let stage = match self.stage {
             Some(s) => s,
             None => {
@@ -131,11 +192,21 @@ impl StagedDbBuilder {
         stage.open_instance(self.instance, &path.display().to_string())?;
         let io = DbIo::new(stage, self.instance);
         io.set_max_background_request(self.max_background_request);
+        io.set_defer_deletions(self.defer_deletions);
         // If anything below fails, the instance is given back.
         let guard = OpenGuard(&io);
         let mut options = self.options.clone();
         let env = staged_env(&options, &io, self.device.as_ref(), self.fault.as_deref())?;
         options.set_env(&env);
+        if self.delete_rate > 0 {
+            if !(self.max_trash_ratio.is_finite() && self.max_trash_ratio >= 0.0) {
+                return Err(Error::Config(format!(
+                    "max_trash_ratio must be a number of at least 0 (is {})",
+                    self.max_trash_ratio
+                )));
+            }
+            set_delete_rate(&mut options, &env, self.delete_rate, self.max_trash_ratio);
+        }
         add_listener(&mut options, &io);
         let db = if self.column_families.is_empty() {
             DB::open(&options, &path)
@@ -157,6 +228,28 @@ impl StagedDbBuilder {
             path,
         })
     }
+}
+
+/// The name suffix of a file whose deletion waits
+/// ([`StagedDbBuilder::defer_deletions`]).
+pub const DEFERRED_SUFFIX: &str = ".rocks-env-deferred";
+
+/// Unlinks what deferred deletions left in `dir` (a crash before they
+/// were done). A missing directory has none.
+fn remove_deferred(dir: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::Config(format!("{}: listing deferred deletions: {e}", dir.display()))),
+    };
+    for e in entries {
+        let e = e.map_err(|e| Error::Config(format!("{}: listing deferred deletions: {e}", dir.display())))?;
+        if e.file_name().to_string_lossy().ends_with(DEFERRED_SUFFIX) {
+            std::fs::remove_file(e.path())
+                .map_err(|err| Error::Config(format!("{}: removing a deferred deletion: {err}", e.path().display())))?;
+        }
+    }
+    Ok(())
 }
 
 /// Closes the instance again when an open fails half-way.
@@ -264,6 +357,12 @@ impl StagedDb {
     /// limit); see [`StagedDbBuilder::max_background_request`].
     pub fn max_background_request(&self) -> u64 {
         self.io.max_background_request()
+    }
+
+    /// Deletions of obsolete files held back so far
+    /// ([`StagedDbBuilder::defer_deletions`]).
+    pub fn deletions_deferred(&self) -> u64 {
+        self.io.deletions_deferred()
     }
 
     /// Changes [`Self::max_background_request`]; requests that start after

@@ -93,6 +93,35 @@ pub(crate) fn add_listener(options: &mut rocksdb::Options, io: &Arc<DbIo>) {
     }
 }
 
+/// Gives `options` an SST file manager on `env` whose delete scheduler
+/// removes obsolete table, blob and WAL files at `bytes_per_sec` (RocksDB's
+/// rate-limited deletion): a deleted file is renamed to `*.trash` at once
+/// and unlinked by the scheduler's thread, one file after the other, each
+/// after the previous one's size at that rate has passed. Trash above
+/// `trash_ratio` times the DB's size is deleted at once.
+#[expect(unsafe_code, reason = "setting RocksDB's SstFileManager through its C API")]
+pub(crate) fn set_delete_rate(
+    options: &mut rocksdb::Options,
+    env: &rocksdb::Env,
+    bytes_per_sec: u64,
+    trash_ratio: f64,
+) {
+    let rate = i64::try_from(bytes_per_sec).unwrap_or(i64::MAX);
+    // SAFETY: `env.as_raw_ptr()` is the live `rocksdb_env_t` the DB will run
+    // on; the manager keeps a pointer to its Env, and `StagedDb` drops the
+    // options holding the manager (and the DB) before that Env. The C API's
+    // manager is a wrapper holding one shared reference: the options copy
+    // it, and destroying the wrapper drops only the wrapper's. `options` is
+    // borrowed mutably for the calls.
+    unsafe {
+        let sfm = librocksdb_sys::rocksdb_sst_file_manager_create(env.as_raw_ptr());
+        librocksdb_sys::rocksdb_sst_file_manager_set_delete_rate_bytes_per_second(sfm, rate);
+        librocksdb_sys::rocksdb_sst_file_manager_set_max_trash_db_ratio(sfm, trash_ratio);
+        librocksdb_sys::rocksdb_options_set_sst_file_manager(options.as_raw_ptr(), sfm);
+        librocksdb_sys::rocksdb_sst_file_manager_destroy(sfm);
+    }
+}
+
 /// What the shim reads through the private `rocksdb_options_t` layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptionsProbe {

@@ -36,11 +36,20 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// A flush, compaction, task or background error (layers below the
     /// stage receive none).
     fn on_event(&self, _ev: Event) {}
+
+    /// Whether to hold back the deletion of a table, blob or WAL file
+    /// (`kind`, a `rocks_env_file_kind`) that has waited `waited_ms` since
+    /// the DB deleted it (0: asked as it does). Asked on the deleting
+    /// thread, then every 50 ms on the layer's own thread. Default: never.
+    fn defer_delete(&self, _kind: u8, _waited_ms: u64) -> bool {
+        false
+    }
 }
 
 type EnforceFn = extern "C" fn(*const c_void, *mut RawRequest, *mut c_char, usize) -> i32;
 type EventFn = extern "C" fn(*const c_void, *const RawEvent);
 type ReleaseFn = extern "C" fn(*const c_void);
+type DeferDeleteFn = extern "C" fn(*const c_void, u8, u64) -> i32;
 
 /// `rocks_env_callbacks` (shim.h). The shim copies it, so it only needs to
 /// live for the call it is passed to.
@@ -49,14 +58,19 @@ pub(crate) struct Callbacks {
     enforce: EnforceFn,
     event: EventFn,
     release: ReleaseFn,
+    defer_delete: DeferDeleteFn,
 }
 
 /// The callbacks for a handle of type `S`.
 pub(crate) struct Vtable<S>(PhantomData<S>);
 
 impl<S: Sink> Vtable<S> {
-    pub(crate) const CALLBACKS: Callbacks =
-        Callbacks { enforce: enforce_trampoline::<S>, event: event_trampoline::<S>, release: release_trampoline::<S> };
+    pub(crate) const CALLBACKS: Callbacks = Callbacks {
+        enforce: enforce_trampoline::<S>,
+        event: event_trampoline::<S>,
+        release: release_trampoline::<S>,
+        defer_delete: defer_delete_trampoline::<S>,
+    };
 }
 
 /// Opaque `rocks_env_fs_t`.
@@ -216,6 +230,11 @@ extern "C" fn enforce_trampoline<S: Sink>(h: *const c_void, req: *mut RawRequest
             ENFORCE_PANIC
         }
     }
+}
+
+/// A panic deletes now (0): the file is obsolete either way.
+extern "C" fn defer_delete_trampoline<S: Sink>(h: *const c_void, kind: u8, waited_ms: u64) -> i32 {
+    catch_unwind(AssertUnwindSafe(|| i32::from(handle::<S>(h).defer_delete(kind, waited_ms)))).unwrap_or(0)
 }
 
 extern "C" fn event_trampoline<S: Sink>(h: *const c_void, ev: *const RawEvent) {

@@ -270,6 +270,12 @@ pub(crate) struct DbIo {
     /// system below at once (0: no limit); see
     /// [`StagedDbBuilder::max_background_request`](crate::StagedDbBuilder::max_background_request).
     max_background_request: AtomicU64,
+    /// How long the deletion of an obsolete file may wait for a calm
+    /// moment, in ms (0: never held back); see
+    /// [`StagedDbBuilder::defer_deletions`](crate::StagedDbBuilder::defer_deletions).
+    defer_deletions_ms: AtomicU64,
+    /// Deletions held back so far, and done after waiting.
+    deletions_deferred: AtomicU64,
 }
 
 impl DbIo {
@@ -286,7 +292,33 @@ impl DbIo {
             refused: AtomicU64::new(0),
             bg_errors: Mutex::new(BackgroundErrors::default()),
             max_background_request: AtomicU64::new(0),
+            defer_deletions_ms: AtomicU64::new(0),
+            deletions_deferred: AtomicU64::new(0),
         })
+    }
+
+    pub(crate) fn set_defer_deletions(&self, max_wait: std::time::Duration) {
+        let ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+        self.defer_deletions_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn deletions_deferred(&self) -> u64 {
+        self.deletions_deferred.load(Ordering::Relaxed)
+    }
+
+    /// Whether a limit holds this instance's flushes or compactions back
+    /// now: a DRL serving one of their contexts with a finite rate (what a
+    /// controller sets while clients need the device, and removes when the
+    /// store is calm).
+    pub(crate) fn background_limited(&self) -> bool {
+        let info = self.stage.stage_info();
+        [RequestContext::BG_FLUSH, RequestContext::BG_COMPACTION_L0_L1, RequestContext::BG_COMPACTION_LN]
+            .into_iter()
+            .flat_map(|c| info.objects_serving(c, self.instance))
+            .any(|(ch, obj)| {
+                matches!(info.object(&ch, &obj).and_then(|o| o.spec.as_ref()),
+                    Some(kv_stage::ObjectSpec::Drl(d)) if !d.rate.is_unlimited())
+            })
     }
 
     pub(crate) fn set_max_background_request(&self, bytes: u64) {
@@ -501,6 +533,20 @@ impl Sink for DbIo {
             return 0;
         }
         if self.context_of(req).0.is_background() { max } else { 0 }
+    }
+
+    /// Held back while a limit holds the instance's background work back,
+    /// for at most the configured wait; never while the DB closes.
+    fn defer_delete(&self, _kind: u8, waited_ms: u64) -> bool {
+        let max = self.defer_deletions_ms.load(Ordering::Relaxed);
+        if max == 0 || waited_ms >= max || self.closing.load(Ordering::Relaxed) {
+            return false;
+        }
+        let hold = self.background_limited();
+        if hold && waited_ms == 0 {
+            self.deletions_deferred.fetch_add(1, Ordering::Relaxed);
+        }
+        hold
     }
 
     fn on_event(&self, ev: Event) {

@@ -80,7 +80,10 @@ mod wire;
 /// ["raw-ptr", "lz4", "snappy", "zstd", "bindgen-runtime"] }`.
 pub use rocksdb;
 
-pub use db::{DEFAULT_MAX_BACKGROUND_REQUEST, StagedDb, StagedDbBuilder};
+pub use db::{
+    DEFAULT_DEFER_DELETIONS, DEFAULT_MAX_BACKGROUND_REQUEST, DEFAULT_MAX_TRASH_RATIO, DEFERRED_SUFFIX, StagedDb,
+    StagedDbBuilder,
+};
 pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};
 pub use error::{Error, Result};
