@@ -171,6 +171,20 @@ struct SystemArgs {
     /// 64 KiB (rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST); `0`: no bound.
     #[arg(long, default_value_t = rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST, value_parser = parse_request_size)]
     max_background_request: u64,
+    /// Paced deletion of obsolete files for the default controller
+    /// (`paio-adaptive` only), bytes per second: RocksDB's delete
+    /// scheduler unlinks them one after the other at this rate
+    /// (rocks_env::StagedDbBuilder::delete_rate); `0`: at once.
+    #[arg(long, default_value = "0", value_parser = parse_request_size)]
+    delete_rate: u64,
+    /// Deferred deletion of obsolete files for the default controller
+    /// (`paio-adaptive` only): while its controller limits flushes or
+    /// compactions, a deleted file waits (renamed) for a calm moment, at
+    /// most this long (rocks_env::StagedDbBuilder::defer_deletions).
+    /// Default 30s (rocks_env::DEFAULT_DEFER_DELETIONS); `0s`: deleted at
+    /// once.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    defer_deletions: std::time::Duration,
     /// Block-cache warming for the default controller (`paio-adaptive`
     /// only): RocksDB's `prepopulate_block_cache`, `off`, `flush` (blocks
     /// a flush writes go into the block cache) or `flush-and-compaction`
@@ -437,6 +451,8 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
         background_cpu: sys.background_cpu.clone(),
         adaptive,
         max_background_request: sys.max_background_request,
+        delete_rate: sys.delete_rate,
+        defer_deletions: sys.defer_deletions,
         prepopulate_block_cache: sys.prepopulate_block_cache.clone(),
         db: DbOptions::for_device(&sys.device),
     })
@@ -449,6 +465,9 @@ fn device_description(cfg: &SystemConfig, kernel: Option<&KernelDevice>) -> Stri
         (DeviceSpec::Kernel(l), None) => format!("kernel-throttled disk, {l}"),
     }
 }
+
+/// The longest a run waits for the disk to be quiet before it starts.
+const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Runs every system of `b` `repeats` times, alternating, and writes the
 /// report into `b.out`.
@@ -483,7 +502,22 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
     let mut reports = Vec::new();
     let mut runs = runs.into_iter();
     while let Some((kind, r, path)) = runs.next() {
-        let result = run_one(b, kind, r, &path, progress);
+        // Every run starts on a quiet disk (see KernelDevice::quiesce).
+        let quiet = match b.kernel {
+            Some(k) => k.quiesce(QUIESCE_LIMIT).map(|w| {
+                if w > Duration::from_secs(2) {
+                    progress.line(&format!("waited {:.1}s for the disk to be quiet", w.as_secs_f64()));
+                }
+                Some(w.as_millis() as u64)
+            }),
+            None => Ok(None),
+        };
+        let result = quiet.and_then(|q| {
+            run_one(b, kind, r, &path, progress).map(|mut rep| {
+                rep.quiesce_ms = q;
+                rep
+            })
+        });
         if !b.keep_data {
             let _ = std::fs::remove_dir_all(&path);
         }

@@ -19,7 +19,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kv_stage::iomax::{DeviceNumber, IoMax, Limit};
 use serde::{Deserialize, Serialize};
@@ -263,6 +263,42 @@ impl KernelDevice {
             "kernel-throttled disk {} ({}), {} ({how}); direct I/O for reads, flush and compaction",
             self.disk_name, self.disk, self.limits
         )
+    }
+
+    /// Waits until the disk is quiet before a run: writes back what the
+    /// page cache holds (`sync`: the load's and the copies' data, the
+    /// journal), then polls the disk's busy time (`io_ticks` in
+    /// `/sys/dev/block/MAJ:MIN/stat`) until it was busy less than 5% of a
+    /// 500 ms window, for at most `max`. Without it, the first run after
+    /// the load shares the disk with the kernel's writeback of the load and
+    /// with the discards of the files the load's compactions deleted (on a
+    /// file system mounted with online discard), which stalled its clients
+    /// for 50-130 ms about every 5 s (the journal's commit interval) in
+    /// write-peaks runs on 2026-12-05, and the next runs with the deletion
+    /// of the previous run's directory. Returns how long it waited.
+    pub fn quiesce(&self, max: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        let status = std::process::Command::new("sync").status().map_err(Error::io("running sync"))?;
+        if !status.success() {
+            return Err(Error::Usage(format!("sync failed: {status}")));
+        }
+        let stat = PathBuf::from(format!("/sys/dev/block/{}/stat", self.disk));
+        let busy_ms = || -> Result<u64> {
+            let text = fs::read_to_string(&stat).map_err(Error::io(format!("reading {}", stat.display())))?;
+            text.split_whitespace()
+                .nth(9)
+                .and_then(|f| f.parse().ok())
+                .ok_or_else(|| Error::Usage(format!("{}: no io_ticks field", stat.display())))
+        };
+        let window = Duration::from_millis(500);
+        loop {
+            let before = busy_ms()?;
+            std::thread::sleep(window);
+            let busy = busy_ms()?.saturating_sub(before);
+            if busy * 20 < window.as_millis() as u64 || start.elapsed() >= max {
+                return Ok(start.elapsed());
+            }
+        }
     }
 
     /// Makes a cgroup with the limits (not entered yet). `label` becomes

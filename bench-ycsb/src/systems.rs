@@ -373,6 +373,15 @@ pub struct SystemConfig {
     /// compaction issues at once (0: none), see
     /// [`rocks_env::StagedDbBuilder::max_background_request`].
     pub max_background_request: u64,
+    /// The default controller's paced deletion of obsolete files, bytes/s
+    /// (`paio-adaptive` only; 0: at once), see
+    /// [`rocks_env::StagedDbBuilder::delete_rate`].
+    pub delete_rate: u64,
+    /// The default controller's deferred deletion of obsolete files: the
+    /// longest a deletion waits for a calm moment (`paio-adaptive` only;
+    /// zero: none), see [`rocks_env::StagedDbBuilder::defer_deletions`].
+    #[serde(with = "kv_stage::units::duration_str")]
+    pub defer_deletions: std::time::Duration,
     /// The default controller's block-cache warming (`paio-adaptive`
     /// only): `off`, `flush` or `flush-and-compaction`, RocksDB's
     /// `prepopulate_block_cache` (kDisable, kFlushOnly,
@@ -599,7 +608,10 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         builder = builder.device(Arc::clone(d));
     }
     if kind == SystemKind::PaioAdaptive {
-        builder = builder.max_background_request(cfg.max_background_request);
+        builder = builder
+            .max_background_request(cfg.max_background_request)
+            .delete_rate(cfg.delete_rate)
+            .defer_deletions(cfg.defer_deletions);
     }
     let db = Arc::new(builder.open(path)?);
     if kind == SystemKind::PaioAdaptive {

@@ -30,6 +30,7 @@ pub struct Protection {
     sync_writes: bool,
     pressure: PressureReference,
     max_background_request: u64,
+    defer_deletions: std::time::Duration,
 }
 
 /// What the default controller's store pressure is measured against: the
@@ -65,6 +66,7 @@ impl Default for Protection {
             sync_writes: true,
             pressure: PressureReference::default(),
             max_background_request: rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST,
+            defer_deletions: rocks_env::DEFAULT_DEFER_DELETIONS,
         }
     }
 }
@@ -110,6 +112,15 @@ impl Protection {
     /// [`rocks_env::StagedDbBuilder::max_background_request`]; 0: no bound).
     pub fn max_background_request(mut self, bytes: u64) -> Self {
         self.max_background_request = bytes;
+        self
+    }
+
+    /// How long the deletion of an obsolete file may wait for a moment in
+    /// which the controller limits no flush or compaction (see
+    /// [`rocks_env::StagedDbBuilder::defer_deletions`]; zero: deleted at
+    /// once). Default: [`rocks_env::DEFAULT_DEFER_DELETIONS`].
+    pub fn defer_deletions(mut self, max_wait: std::time::Duration) -> Self {
+        self.defer_deletions = max_wait;
         self
     }
 
@@ -220,6 +231,7 @@ impl ProtectedDb {
             StagedDb::builder(options)
                 .stage(Arc::clone(&stage))
                 .max_background_request(protection.max_background_request)
+                .defer_deletions(protection.defer_deletions)
                 .open(path)?,
         );
         let controller = match protection.controller {

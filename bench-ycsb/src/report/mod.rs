@@ -207,6 +207,10 @@ pub struct SystemReport {
     /// Warm start: how long the DB took to settle before the clock started, ms.
     #[serde(default)]
     pub settle_ms: Option<u64>,
+    /// Kernel device: how long the disk took to be quiet before the run
+    /// (writeback and discards of what came before it), ms.
+    #[serde(default)]
+    pub quiesce_ms: Option<u64>,
     /// Kernel device: charged against seen bytes.
     #[serde(default)]
     pub byte_check: Option<ByteCheck>,
@@ -312,6 +316,7 @@ impl SystemReport {
             longest_stall_us: 0,
             stalled_writes: 0,
             settle_ms: None,
+            quiesce_ms: None,
             byte_check: None,
             device_wait_us: 0,
             context_bytes: BTreeMap::new(),
