@@ -44,6 +44,11 @@ fn layout_stage(rate: Rate) -> (Arc<Stage>, LayoutHandles) {
     (stage, h)
 }
 
+/// A DB on `stage` whose deletions wait up to `max_wait`.
+fn deferring(dir: &Path, stage: Arc<Stage>, max_wait: Duration) -> StagedDb {
+    StagedDb::builder(small_lsm_options()).stage(stage).defer_deletions(max_wait).open(dir).unwrap()
+}
+
 fn limited() -> Rate {
     Rate::from_bytes_per_sec(1e12).unwrap()
 }
@@ -139,11 +144,7 @@ fn a_bad_trash_ratio_is_refused_by_name() {
 fn deletions_wait_while_a_limit_holds_background_work() {
     let dir = tempfile::tempdir().unwrap();
     let (stage, h) = layout_stage(limited());
-    let db = StagedDb::builder(small_lsm_options())
-        .stage(stage)
-        .defer_deletions(Duration::from_secs(600))
-        .open(dir.path())
-        .unwrap();
+    let db = deferring(dir.path(), stage, Duration::from_secs(600));
     load_and_compact(&db);
     // Held back for the limit: renamed, still on disk, and counted.
     std::thread::sleep(Duration::from_millis(300));
@@ -162,11 +163,7 @@ fn deletions_wait_while_a_limit_holds_background_work() {
 fn a_deletion_waits_no_longer_than_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let (stage, _h) = layout_stage(limited());
-    let db = StagedDb::builder(small_lsm_options())
-        .stage(stage)
-        .defer_deletions(Duration::from_millis(200))
-        .open(dir.path())
-        .unwrap();
+    let db = deferring(dir.path(), stage, Duration::from_millis(200));
     load_and_compact(&db);
     assert!(db.deletions_deferred() > 0);
     // The limit stays, and the files still go.
@@ -178,11 +175,7 @@ fn a_deletion_waits_no_longer_than_allowed() {
 fn without_a_limit_nothing_waits() {
     let dir = tempfile::tempdir().unwrap();
     let (stage, _h) = layout_stage(Rate::UNLIMITED);
-    let db = StagedDb::builder(small_lsm_options())
-        .stage(stage)
-        .defer_deletions(Duration::from_secs(600))
-        .open(dir.path())
-        .unwrap();
+    let db = deferring(dir.path(), stage, Duration::from_secs(600));
     load_and_compact(&db);
     assert_eq!((db.deletions_deferred(), deferred(dir.path())), (0, Vec::<String>::new()));
     check(&db);
@@ -193,11 +186,7 @@ fn waiting_deletions_are_done_at_close_and_a_crash_leftover_at_open() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (stage, _h) = layout_stage(limited());
-        let db = StagedDb::builder(small_lsm_options())
-            .stage(stage)
-            .defer_deletions(Duration::from_secs(600))
-            .open(dir.path())
-            .unwrap();
+        let db = deferring(dir.path(), stage, Duration::from_secs(600));
         load_and_compact(&db);
         assert!(!deferred(dir.path()).is_empty());
     }

@@ -139,19 +139,24 @@ impl Directions {
     }
 }
 
-impl Default for Directions {
+impl Directions {
     /// No traffic; background bytes assumed half reads (a compaction reads
     /// about what it writes).
+    pub const NONE: Directions = Directions {
+        fg_read_bps: 0.0,
+        fg_write_bps: 0.0,
+        bg_read_bps: 0.0,
+        bg_write_bps: 0.0,
+        bg_read_share: 0.5,
+        fg_read_demand_bps: 0.0,
+        fg_write_demand_bps: 0.0,
+    };
+}
+
+impl Default for Directions {
+    /// [`Directions::NONE`].
     fn default() -> Self {
-        Directions {
-            fg_read_bps: 0.0,
-            fg_write_bps: 0.0,
-            bg_read_bps: 0.0,
-            bg_write_bps: 0.0,
-            bg_read_share: 0.5,
-            fg_read_demand_bps: 0.0,
-            fg_write_demand_bps: 0.0,
-        }
+        Directions::NONE
     }
 }
 
@@ -572,15 +577,7 @@ mod tests {
     const MIB: f64 = 1048576.0;
 
     /// No per-direction traffic (the policies here limit no direction).
-    const NONE: Directions = Directions {
-        fg_read_bps: 0.0,
-        fg_write_bps: 0.0,
-        bg_read_bps: 0.0,
-        bg_write_bps: 0.0,
-        bg_read_share: 0.5,
-        fg_read_demand_bps: 0.0,
-        fg_write_demand_bps: 0.0,
-    };
+    const NONE: Directions = Directions::NONE;
 
     /// Backlog only (pending compaction bytes).
     fn backlog(level: f64) -> Pressure {
