@@ -185,6 +185,13 @@ struct SystemArgs {
     /// once.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     defer_deletions: std::time::Duration,
+    /// Deletion in pieces for the default controller (`paio-adaptive`
+    /// only): every obsolete file is freed this many bytes at a time by the
+    /// file system layer's thread, 10 ms apart, so that no discard of a
+    /// whole file holds the device (rocks_env::StagedDbBuilder::delete_in_pieces).
+    /// Default 1MiB (rocks_env::DEFAULT_DELETE_PIECE); `0`: at once.
+    #[arg(long, default_value = "1MiB", value_parser = parse_request_size)]
+    delete_piece: u64,
     /// Block-cache warming for the default controller (`paio-adaptive`
     /// only): RocksDB's `prepopulate_block_cache`, `off`, `flush` (blocks
     /// a flush writes go into the block cache) or `flush-and-compaction`
@@ -453,6 +460,7 @@ fn system_config(sys: &SystemArgs) -> Result<SystemConfig> {
         max_background_request: sys.max_background_request,
         delete_rate: sys.delete_rate,
         defer_deletions: sys.defer_deletions,
+        delete_piece: sys.delete_piece,
         prepopulate_block_cache: sys.prepopulate_block_cache.clone(),
         db: DbOptions::for_device(&sys.device),
     })

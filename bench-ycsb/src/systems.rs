@@ -382,6 +382,10 @@ pub struct SystemConfig {
     /// zero: none), see [`rocks_env::StagedDbBuilder::defer_deletions`].
     #[serde(with = "kv_stage::units::duration_str")]
     pub defer_deletions: std::time::Duration,
+    /// The default controller's deletion in pieces: bytes freed at a time
+    /// (`paio-adaptive` only; 0: at once), see
+    /// [`rocks_env::StagedDbBuilder::delete_in_pieces`].
+    pub delete_piece: u64,
     /// The default controller's block-cache warming (`paio-adaptive`
     /// only): `off`, `flush` or `flush-and-compaction`, RocksDB's
     /// `prepopulate_block_cache` (kDisable, kFlushOnly,
@@ -611,7 +615,8 @@ pub fn open(kind: SystemKind, path: &Path, cfg: &SystemConfig, decision_log: Opt
         builder = builder
             .max_background_request(cfg.max_background_request)
             .delete_rate(cfg.delete_rate)
-            .defer_deletions(cfg.defer_deletions);
+            .defer_deletions(cfg.defer_deletions)
+            .delete_in_pieces(cfg.delete_piece);
     }
     let db = Arc::new(builder.open(path)?);
     if kind == SystemKind::PaioAdaptive {

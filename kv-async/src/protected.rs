@@ -31,6 +31,7 @@ pub struct Protection {
     pressure: PressureReference,
     max_background_request: u64,
     defer_deletions: std::time::Duration,
+    delete_piece: u64,
 }
 
 /// What the default controller's store pressure is measured against: the
@@ -67,6 +68,7 @@ impl Default for Protection {
             pressure: PressureReference::default(),
             max_background_request: rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST,
             defer_deletions: rocks_env::DEFAULT_DEFER_DELETIONS,
+            delete_piece: rocks_env::DEFAULT_DELETE_PIECE,
         }
     }
 }
@@ -121,6 +123,15 @@ impl Protection {
     /// once). Default: [`rocks_env::DEFAULT_DEFER_DELETIONS`].
     pub fn defer_deletions(mut self, max_wait: std::time::Duration) -> Self {
         self.defer_deletions = max_wait;
+        self
+    }
+
+    /// How many bytes of a deleted file are freed at a time, by the file
+    /// system layer's thread (see [`rocks_env::StagedDbBuilder::delete_in_pieces`];
+    /// 0: the whole file at once, by the thread that deletes it). Default:
+    /// [`rocks_env::DEFAULT_DELETE_PIECE`].
+    pub fn delete_in_pieces(mut self, piece: u64) -> Self {
+        self.delete_piece = piece;
         self
     }
 
@@ -232,6 +243,7 @@ impl ProtectedDb {
                 .stage(Arc::clone(&stage))
                 .max_background_request(protection.max_background_request)
                 .defer_deletions(protection.defer_deletions)
+                .delete_in_pieces(protection.delete_piece)
                 .open(path)?,
         );
         let controller = match protection.controller {

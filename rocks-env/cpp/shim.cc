@@ -149,6 +149,10 @@ class Handle {
     return cbs_.defer_delete(handle_, file_kind, waited_ms) != 0;
   }
 
+  // Bytes to free at a time when the layer's thread deletes a file (see
+  // rocks_env_delete_piece_fn).
+  uint64_t DeletePiece() const { return cbs_.delete_piece(handle_); }
+
   void Emit(uint8_t kind) const {
     rocks_env_event ev{};
     ev.kind = kind;
@@ -577,7 +581,9 @@ class HookFileSystem : public FileSystemWrapper {
     const bool deferrable = kind == ROCKS_ENV_FILE_SST ||
                             kind == ROCKS_ENV_FILE_BLOB ||
                             kind == ROCKS_ENV_FILE_WAL;
-    if (deferrable && h_->DeferDelete(kind, 0)) {
+    // In pieces, every such deletion is the layer thread's; held back or
+    // not, the caller does not wait for the device.
+    if (deferrable && (h_->DeferDelete(kind, 0) || h_->DeletePiece() > 0)) {
       std::string held = f + ROCKS_ENV_DEFERRED_SUFFIX;
       if (target()->RenameFile(f, held, options, dbg).ok()) {
         Hold(std::move(held), kind);
@@ -699,14 +705,47 @@ class HookFileSystem : public FileSystemWrapper {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - front.since);
       const bool hold = h_->DeferDelete(front.kind, static_cast<uint64_t>(waited.count()));
-      if (!hold) {
-        IOOptions io;
-        target()->DeleteFile(front.name, io, nullptr).PermitUncheckedError();
-      }
+      const bool done = !hold && Release(front.name);
       l.lock();
       // Only this thread removes entries, so the front is still `front`.
-      if (!hold) deferred_.pop_front();
+      if (done) deferred_.pop_front();
     }
+  }
+
+  // Unlinks `name`, first freeing its blocks DeletePiece() bytes at a time
+  // from its end with a pause between pieces. False when the layer began to
+  // close before the file was gone (the destructor unlinks it then). A
+  // failed shortening only ends the pieces early: the unlink frees the rest.
+  bool Release(const std::string& name) {
+    IOOptions io;
+    const uint64_t piece = h_->DeletePiece();
+    uint64_t size = 0;
+    uint64_t links = 0;
+    std::unique_ptr<FSWritableFile> file;
+    // Only a file with no other name is shrunk: a checkpoint or backup
+    // hard-links table files, and shrinking the one inode would corrupt
+    // every copy. An unlink of one link of several frees nothing anyway.
+    // FileSystem::Truncate is not implemented by the POSIX file system; a
+    // writable handle's Truncate is (ftruncate).
+    if (piece > 0 && target()->NumFileLinks(name, io, &links, nullptr).ok() && links == 1 &&
+        target()->GetFileSize(name, io, &size, nullptr).ok() &&
+        target()->ReopenWritableFile(name, FileOptions(), &file, nullptr).ok()) {
+      bool stopped = false;
+      while (size > piece) {
+        size -= piece;
+        if (!file->Truncate(size, io, nullptr).ok()) break;
+        std::unique_lock<std::mutex> l(deferred_mu_);
+        if (deferred_cv_.wait_for(l, std::chrono::milliseconds(ROCKS_ENV_DELETE_PIECE_PAUSE_MS),
+                                  [this] { return stop_; })) {
+          stopped = true;
+          break;
+        }
+      }
+      file->Close(io, nullptr).PermitUncheckedError();
+      if (stopped) return false;
+    }
+    target()->DeleteFile(name, io, nullptr).PermitUncheckedError();
+    return true;
   }
 
   std::shared_ptr<const Handle> h_;

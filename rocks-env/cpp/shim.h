@@ -131,11 +131,23 @@ typedef int32_t (*rocks_env_defer_delete_fn)(const void* handle,
                                              uint8_t file_kind,
                                              uint64_t waited_ms);
 
+// Bytes the layer's thread frees at a time when it deletes a file (0: the
+// whole file at once). Nonzero, every table, blob or WAL file the DB deletes
+// goes to that thread (renamed as when held back), which shortens it by this
+// many bytes, waits ROCKS_ENV_DELETE_PIECE_PAUSE_MS, and so on, then unlinks
+// it: on a file system with online discard, each piece is one bounded
+// discard rather than one for the whole file. Asked once per file.
+typedef uint64_t (*rocks_env_delete_piece_fn)(const void* handle);
+
+// The pause between two pieces of a deletion (rocks_env_delete_piece_fn).
+#define ROCKS_ENV_DELETE_PIECE_PAUSE_MS 10
+
 typedef struct rocks_env_callbacks {
   rocks_env_enforce_fn enforce;
   rocks_env_event_fn event;
   rocks_env_release_fn release;
   rocks_env_defer_delete_fn defer_delete;
+  rocks_env_delete_piece_fn delete_piece;
 } rocks_env_callbacks;
 
 // What a deletion held back is renamed to: its name plus this.

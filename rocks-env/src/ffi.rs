@@ -44,12 +44,20 @@ pub(crate) trait Sink: Send + Sync + 'static {
     fn defer_delete(&self, _kind: u8, _waited_ms: u64) -> bool {
         false
     }
+
+    /// Bytes the layer's own thread frees at a time when it deletes a
+    /// table, blob or WAL file (0: the whole file at once, and only held-back
+    /// files go to that thread). Asked on the deleting thread. Default: 0.
+    fn delete_piece(&self) -> u64 {
+        0
+    }
 }
 
 type EnforceFn = extern "C" fn(*const c_void, *mut RawRequest, *mut c_char, usize) -> i32;
 type EventFn = extern "C" fn(*const c_void, *const RawEvent);
 type ReleaseFn = extern "C" fn(*const c_void);
 type DeferDeleteFn = extern "C" fn(*const c_void, u8, u64) -> i32;
+type DeletePieceFn = extern "C" fn(*const c_void) -> u64;
 
 /// `rocks_env_callbacks` (shim.h). The shim copies it, so it only needs to
 /// live for the call it is passed to.
@@ -59,6 +67,7 @@ pub(crate) struct Callbacks {
     event: EventFn,
     release: ReleaseFn,
     defer_delete: DeferDeleteFn,
+    delete_piece: DeletePieceFn,
 }
 
 /// The callbacks for a handle of type `S`.
@@ -70,6 +79,7 @@ impl<S: Sink> Vtable<S> {
         event: event_trampoline::<S>,
         release: release_trampoline::<S>,
         defer_delete: defer_delete_trampoline::<S>,
+        delete_piece: delete_piece_trampoline::<S>,
     };
 }
 
@@ -235,6 +245,11 @@ extern "C" fn enforce_trampoline<S: Sink>(h: *const c_void, req: *mut RawRequest
 /// A panic deletes now (0): the file is obsolete either way.
 extern "C" fn defer_delete_trampoline<S: Sink>(h: *const c_void, kind: u8, waited_ms: u64) -> i32 {
     catch_unwind(AssertUnwindSafe(|| i32::from(handle::<S>(h).defer_delete(kind, waited_ms)))).unwrap_or(0)
+}
+
+/// A panic deletes the whole file at once (0).
+extern "C" fn delete_piece_trampoline<S: Sink>(h: *const c_void) -> u64 {
+    catch_unwind(AssertUnwindSafe(|| handle::<S>(h).delete_piece())).unwrap_or(0)
 }
 
 extern "C" fn event_trampoline<S: Sink>(h: *const c_void, ev: *const RawEvent) {

@@ -276,6 +276,9 @@ pub(crate) struct DbIo {
     defer_deletions_ms: AtomicU64,
     /// Deletions held back so far, and done after waiting.
     deletions_deferred: AtomicU64,
+    /// Bytes freed at a time when a file is deleted (0: at once); see
+    /// [`StagedDbBuilder::delete_in_pieces`](crate::StagedDbBuilder::delete_in_pieces).
+    delete_piece: AtomicU64,
 }
 
 impl DbIo {
@@ -294,12 +297,21 @@ impl DbIo {
             max_background_request: AtomicU64::new(0),
             defer_deletions_ms: AtomicU64::new(0),
             deletions_deferred: AtomicU64::new(0),
+            delete_piece: AtomicU64::new(0),
         })
     }
 
     pub(crate) fn set_defer_deletions(&self, max_wait: std::time::Duration) {
         let ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
         self.defer_deletions_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_delete_piece(&self, piece: u64) {
+        self.delete_piece.store(piece, Ordering::Relaxed);
+    }
+
+    pub(crate) fn delete_piece_setting(&self) -> u64 {
+        self.delete_piece.load(Ordering::Relaxed)
     }
 
     pub(crate) fn deletions_deferred(&self) -> u64 {
@@ -547,6 +559,11 @@ impl Sink for DbIo {
             self.deletions_deferred.fetch_add(1, Ordering::Relaxed);
         }
         hold
+    }
+
+    /// Never while the DB closes: what it deletes then goes at once.
+    fn delete_piece(&self) -> u64 {
+        if self.closing.load(Ordering::Relaxed) { 0 } else { self.delete_piece.load(Ordering::Relaxed) }
     }
 
     fn on_event(&self, ev: Event) {

@@ -81,8 +81,8 @@ mod wire;
 pub use rocksdb;
 
 pub use db::{
-    DEFAULT_DEFER_DELETIONS, DEFAULT_MAX_BACKGROUND_REQUEST, DEFAULT_MAX_TRASH_RATIO, DEFERRED_SUFFIX, StagedDb,
-    StagedDbBuilder,
+    DEFAULT_DEFER_DELETIONS, DEFAULT_DELETE_PIECE, DEFAULT_MAX_BACKGROUND_REQUEST, DEFAULT_MAX_TRASH_RATIO,
+    DEFERRED_SUFFIX, StagedDb, StagedDbBuilder,
 };
 pub use device::{DEVICE_CHUNK, Device, DeviceStats};
 pub use env::{EnvProbe, OptionsProbe, probe_env, probe_options, probe_staged_env};

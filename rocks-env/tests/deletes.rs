@@ -4,8 +4,10 @@
 //! it is opened again with a rate. `defer_deletions`: while a limit holds
 //! the DB's background work back they wait (renamed), and go once no limit
 //! holds, once they have waited the longest allowed, or when the DB
-//! closes; what a crash left goes at the next open. The data reads back
-//! intact throughout.
+//! closes; what a crash left goes at the next open. `delete_in_pieces`:
+//! every deleted file goes to the layer's thread, which shrinks it a piece
+//! at a time before unlinking it; closing in the middle leaves nothing.
+//! The data reads back intact throughout.
 
 mod common;
 
@@ -198,4 +200,89 @@ fn waiting_deletions_are_done_at_close_and_a_crash_leftover_at_open() {
     let db = StagedDb::builder(small_lsm_options()).open(dir.path()).unwrap();
     assert!(!left.exists());
     check(&db);
+}
+
+/// A DB (no limit anywhere) whose deleted files are freed `piece` bytes at
+/// a time.
+fn in_pieces(dir: &Path, piece: u64) -> StagedDb {
+    StagedDb::builder(small_lsm_options()).delete_in_pieces(piece).open(dir).unwrap()
+}
+
+#[test]
+fn in_pieces_a_deleted_file_shrinks_before_it_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = in_pieces(dir.path(), 64 << 10);
+    load_and_compact(&db);
+    // Every size each renamed file was seen at, polled every 2 ms.
+    let mut seen: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        let now = deferred(dir.path());
+        if now.is_empty() && !seen.is_empty() {
+            break;
+        }
+        for n in now {
+            if let Ok(m) = std::fs::metadata(dir.path().join(&n)) {
+                let sizes = seen.entry(n).or_default();
+                if sizes.last() != Some(&m.len()) {
+                    sizes.push(m.len());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(seen.keys().any(|n| n.contains(".sst")), "no table file went to the layer's thread: {seen:?}");
+    assert!(
+        seen.values().any(|s| s.len() >= 3 && s.windows(2).all(|w| w[1] < w[0])),
+        "no file was seen shrinking step by step: {seen:?}"
+    );
+    assert_eq!(deferred(dir.path()), Vec::<String>::new(), "left after 60 s");
+    // Nothing was held for a limit: these were not deferrals.
+    assert_eq!(db.deletions_deferred(), 0);
+    check(&db);
+}
+
+#[test]
+fn closing_in_the_middle_of_a_deletion_in_pieces_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // 4 KiB pieces, 10 ms apart: megabytes take seconds.
+        let db = in_pieces(dir.path(), 4 << 10);
+        load_and_compact(&db);
+        assert!(
+            eventually(Duration::from_secs(5), || !deferred(dir.path()).is_empty()),
+            "no deletion went to the layer's thread"
+        );
+    }
+    assert_eq!(deferred(dir.path()), Vec::<String>::new(), "left after close");
+    let db = in_pieces(dir.path(), 4 << 10);
+    check(&db);
+}
+
+#[test]
+fn in_pieces_a_file_a_checkpoint_shares_is_not_shrunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("checkpoint");
+    let db = in_pieces(&dir.path().join("db"), 64 << 10);
+    for i in 0..VALUES {
+        db.put(key(i), value(i, 1024)).unwrap();
+    }
+    db.flush().unwrap();
+    // The checkpoint hard-links the table files the compaction below
+    // deletes from the DB.
+    rocksdb::checkpoint::Checkpoint::new(db.db()).unwrap().create_checkpoint(&copy).unwrap();
+    for i in 0..VALUES {
+        db.put(key(i), value(i + 1, 1024)).unwrap();
+    }
+    db.flush().unwrap();
+    db.compact_range(None::<&[u8]>, None::<&[u8]>);
+    let db_dir = dir.path().join("db");
+    assert!(eventually(Duration::from_secs(60), || deferred(&db_dir).is_empty()), "{:?}", deferred(&db_dir));
+    check(&db);
+    drop(db);
+    // The copy still reads the first generation, every table intact.
+    let copy = rocksdb::DB::open(&small_lsm_options(), &copy).unwrap();
+    for i in (0..VALUES).step_by(97) {
+        assert_eq!(copy.get(key(i)).unwrap().as_deref(), Some(&value(i, 1024)[..]), "checkpoint key {i}");
+    }
 }

@@ -354,6 +354,7 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
     assert_eq!(config["adaptive"]["read_bandwidth"], "56MiB/s", "{config}");
     assert_eq!(config["adaptive"]["write_bandwidth"], "28MiB/s", "{config}");
     assert_eq!(config["max_background_request"], 65536, "{config}");
+    assert_eq!(config["delete_piece"], 1 << 20, "{config}");
     let systems = summary["systems"].as_array().unwrap();
     let names: Vec<&str> = systems.iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["rocksdb", "paio-passthrough", "paio-silk"], "the alias names the pass-through system");

@@ -228,6 +228,22 @@ fn a_protected_db_bounds_background_requests_by_default() {
     assert_eq!(rocks_env::DEFAULT_MAX_BACKGROUND_REQUEST, 64 << 10);
 }
 
+/// The protected DB frees deleted files 1 MiB at a time unless told
+/// otherwise (rocks-env's tests/deletes.rs checks what a piece does).
+#[test]
+fn a_protected_db_deletes_in_pieces_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    for (protection, piece) in
+        [(Protection::default(), rocks_env::DEFAULT_DELETE_PIECE), (Protection::default().delete_in_pieces(0), 0)]
+    {
+        let path = dir.path().join(format!("db-{piece}"));
+        let db = ProtectedDb::open(&path, options(), protection).unwrap();
+        assert_eq!(db.db().db().unwrap().delete_piece(), piece);
+        db.close_blocking(Duration::from_secs(5)).unwrap();
+    }
+    assert_eq!(rocks_env::DEFAULT_DELETE_PIECE, 1 << 20);
+}
+
 /// Calm hours: the default controller of a protected DB sleeps while the
 /// store is healthy and runs no job (`idle_interval`, here 60 s so that no
 /// cycle runs on its own while the test watches), and a flush wakes it:
