@@ -87,6 +87,11 @@ fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Asserts that what `list` finds in `dir` is gone within `limit`.
+fn all_go(dir: &Path, list: fn(&Path) -> Vec<String>, limit: Duration) {
+    assert!(eventually(limit, || list(dir).is_empty()), "left after {limit:?}: {:?}", list(dir));
+}
+
 #[test]
 fn obsolete_files_wait_in_trash_and_go_at_the_rate() {
     let dir = tempfile::tempdir().unwrap();
@@ -97,11 +102,7 @@ fn obsolete_files_wait_in_trash_and_go_at_the_rate() {
     load_and_compact(&db);
     assert!(!trash(dir.path()).is_empty(), "no trash right after the compaction: files were deleted at once");
     check(&db);
-    assert!(
-        eventually(Duration::from_secs(60), || trash(dir.path()).is_empty()),
-        "trash left: {:?}",
-        trash(dir.path())
-    );
+    all_go(dir.path(), trash, Duration::from_secs(60));
     check(&db);
 }
 
@@ -126,11 +127,7 @@ fn trash_left_at_close_goes_when_the_db_opens_again() {
     }
     assert!(!trash(dir.path()).is_empty(), "the trash went with the close");
     let db = StagedDb::builder(small_lsm_options()).delete_rate(64 << 20).open(dir.path()).unwrap();
-    assert!(
-        eventually(Duration::from_secs(60), || trash(dir.path()).is_empty()),
-        "trash left: {:?}",
-        trash(dir.path())
-    );
+    all_go(dir.path(), trash, Duration::from_secs(60));
     check(&db);
 }
 
@@ -157,7 +154,7 @@ fn deletions_wait_while_a_limit_holds_background_work() {
     check(&db);
     // The limit goes: so do the files.
     h.flush.configure(&ObjectChange::rate(Rate::UNLIMITED)).unwrap();
-    assert!(eventually(Duration::from_secs(30), || deferred(dir.path()).is_empty()), "{:?}", deferred(dir.path()));
+    all_go(dir.path(), deferred, Duration::from_secs(30));
     check(&db);
 }
 
@@ -169,7 +166,7 @@ fn a_deletion_waits_no_longer_than_allowed() {
     load_and_compact(&db);
     assert!(db.deletions_deferred() > 0);
     // The limit stays, and the files still go.
-    assert!(eventually(Duration::from_secs(30), || deferred(dir.path()).is_empty()), "{:?}", deferred(dir.path()));
+    all_go(dir.path(), deferred, Duration::from_secs(30));
     check(&db);
 }
 
@@ -277,7 +274,7 @@ fn in_pieces_a_file_a_checkpoint_shares_is_not_shrunk() {
     db.flush().unwrap();
     db.compact_range(None::<&[u8]>, None::<&[u8]>);
     let db_dir = dir.path().join("db");
-    assert!(eventually(Duration::from_secs(60), || deferred(&db_dir).is_empty()), "{:?}", deferred(&db_dir));
+    all_go(&db_dir, deferred, Duration::from_secs(60));
     check(&db);
     drop(db);
     // The copy still reads the first generation, every table intact.
