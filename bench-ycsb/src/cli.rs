@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::disk_probe::DiskProbe;
 use crate::kernel::{self, KernelDevice};
 use crate::profile::Profile;
 use crate::report::{self, BenchReport, ByteCheck, SystemReport};
@@ -47,6 +48,10 @@ Examples:
 
   # Re-plot saved results:
   bench-ycsb report results";
+
+/// The longest a disk probe runs (a bound on its loop; a comparison drops
+/// its probe when it ends).
+const PROBE_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Records a built-in workload loads unless `--recordcount` says otherwise:
 /// about 400 MB of 1 KB records, enough that compactions reach L2.
@@ -205,6 +210,13 @@ struct SystemArgs {
     /// background work may use. Default: the controller's (0s, off).
     #[arg(long, value_parser = parse_duration)]
     demand_memory: Option<std::time::Duration>,
+    /// The disk probe (see bench_ycsb::disk_probe): a 4 KiB direct read of
+    /// a file of its own under --data every this often, outside the
+    /// throttle, so that each repeat reports what the disk itself gave
+    /// while it ran, the same for every system; `0s`: off. The data
+    /// directory must take direct I/O (a disk, not a tmpfs).
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    disk_probe: Duration,
     /// Only the table (no progress, no YCSB summaries).
     #[arg(long)]
     quiet: bool,
@@ -379,6 +391,8 @@ struct Bench<'a> {
     keep_data: bool,
     out: &'a Path,
     print_ycsb: bool,
+    /// The disk probe's interval (zero: off).
+    disk_probe: Duration,
 }
 
 fn probe_device(sys: &SystemArgs, data: &Path) -> Result<Option<KernelDevice>> {
@@ -507,6 +521,23 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
         }
     }
     drop(base);
+    // One probe for the whole comparison, started before the first run. It
+    // is a diagnostic: where it cannot run (a tmpfs), the runs go on
+    // without it.
+    let probe = if b.disk_probe.is_zero() {
+        None
+    } else {
+        match DiskProbe::start(b.data, b.disk_probe, PROBE_LIMIT) {
+            Ok(p) => {
+                cleanup_on_interrupt(p.dir());
+                Some(p)
+            }
+            Err(e) => {
+                tracing::warn!("the disk probe is off: {e}");
+                None
+            }
+        }
+    };
     let mut reports = Vec::new();
     let mut runs = runs.into_iter();
     while let Some((kind, r, path)) = runs.next() {
@@ -521,7 +552,7 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
             None => Ok(None),
         };
         let result = quiet.and_then(|q| {
-            run_one(b, kind, r, &path, progress).map(|mut rep| {
+            run_one(b, kind, r, &path, probe.as_ref(), progress).map(|mut rep| {
                 rep.quiesce_ms = q;
                 rep
             })
@@ -564,7 +595,14 @@ fn bench(b: &Bench<'_>, progress: &Progress) -> Result<BenchReport> {
 }
 
 /// One system, one repeat: (cgroup,) open, (settle,) run, measure, close.
-fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Progress) -> Result<SystemReport> {
+fn run_one(
+    b: &Bench<'_>,
+    kind: SystemKind,
+    r: usize,
+    path: &Path,
+    probe: Option<&DiskProbe>,
+    progress: &Progress,
+) -> Result<SystemReport> {
     let label = format!("{} {} #{r}", b.w.name, kind.name());
     let cgroup = match b.kernel {
         Some(k) => {
@@ -573,6 +611,18 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
             Some(cg)
         }
         None => None,
+    };
+    // The probe's reads stay out of the throttle where the kernel allows.
+    let probe_outside = match (&cgroup, probe.and_then(DiskProbe::thread_id)) {
+        (Some(cg), Some(tid)) => match cg.exempt_thread(tid) {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = cg.leave();
+                return Err(e);
+            }
+        },
+        (Some(_), None) => false,
+        (None, _) => true,
     };
     let decisions = b.out.join(format!("decisions-{}-{r}.jsonl", kind.name()));
     let _ = std::fs::remove_file(&decisions);
@@ -599,9 +649,18 @@ fn run_one(b: &Bench<'_>, kind: SystemKind, r: usize, path: &Path, progress: &Pr
             scope.spawn(move || attribution::sample(sys.stage.as_deref(), sys.db.db(), stats, cg, clock, stop))
         };
         let measured = settle_and_run(b, &sys, cgroup.as_ref(), &label, progress, &clock);
+        let clock_stopped = Instant::now();
         stop_attribution.store(true, std::sync::atomic::Ordering::Release);
         let samples = sampler.join().map_err(|_| Error::Usage("the attribution sampler panicked".into()));
-        let rep = measured.and_then(|m| report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?));
+        let rep = measured.and_then(|m| report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?)).map(|mut rep| {
+            if let (Some(p), Some(&from)) = (probe, clock.get()) {
+                rep.disk_probe = p.between(from, clock_stopped, probe_outside);
+                if let Some(e) = p.error() {
+                    tracing::warn!("the disk probe stopped: {e}");
+                }
+            }
+            rep
+        });
         // What a Prometheus scrape would have read at the end of the run,
         // next to summary.json (the drain below is not in it).
         // (No early return here: the pressure sampler stops below.)
@@ -836,6 +895,7 @@ fn run(a: RunArgs) -> Result<BenchReport> {
         keep_data: a.sys.keep_data,
         out: &a.out,
         print_ycsb: true,
+        disk_probe: a.sys.disk_probe,
     };
     let report = bench(&b, &progress);
     if !a.sys.keep_data && a.base.is_none() {
@@ -908,6 +968,7 @@ fn figures(a: FiguresArgs) -> Result<()> {
                 keep_data: a.sys.keep_data,
                 out: &out,
                 print_ycsb: false,
+                disk_probe: a.sys.disk_probe,
             };
             let report = bench(&b, &progress);
             let report = match report {

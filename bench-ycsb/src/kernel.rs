@@ -96,7 +96,7 @@ fn effective_uid() -> Option<u32> {
 
 /// The filesystem type of the mount that holds `path` (longest mount point
 /// that is a prefix of its canonical path).
-fn fs_type(path: &Path) -> Option<String> {
+pub(crate) fn fs_type(path: &Path) -> Option<String> {
     let path = path.canonicalize().ok()?;
     let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
     mounts
@@ -140,7 +140,12 @@ fn find_hierarchy() -> Result<Hierarchy> {
 
 /// The cgroup (relative to the hierarchy's root) this process is in.
 fn own_cgroup(h: &Hierarchy) -> Result<PathBuf> {
-    let text = fs::read_to_string("/proc/self/cgroup").map_err(Error::io("reading /proc/self/cgroup"))?;
+    cgroup_of(h, "/proc/self/cgroup")
+}
+
+/// The cgroup a `/proc/.../cgroup` file names for the hierarchy.
+fn cgroup_of(h: &Hierarchy, file: &str) -> Result<PathBuf> {
+    let text = fs::read_to_string(file).map_err(Error::io(format!("reading {file}")))?;
     let rel = text.lines().find_map(|l| {
         let mut f = l.splitn(3, ':');
         let (id, ctrl, path) = (f.next()?, f.next()?, f.next()?);
@@ -376,6 +381,24 @@ impl Cgroup {
         let p = procs_file(&self.home);
         fs::write(&p, std::process::id().to_string())
             .map_err(Error::io(format!("moving the process back to {}", p.display())))
+    }
+
+    /// Keeps one thread of the process (by id) out of the cgroup, where it
+    /// was before [`Cgroup::enter`]: the disk probe, whose reads must not
+    /// queue in the throttle. Only cgroup v1 moves single threads; under v2
+    /// nothing moves and the answer is `false`.
+    pub fn exempt_thread(&self, tid: u32) -> Result<bool> {
+        match self.hierarchy {
+            Hierarchy::V2(_) => Ok(false),
+            Hierarchy::V1(_) => {
+                let p = self.home.join("tasks");
+                fs::write(&p, tid.to_string())
+                    .map_err(Error::io(format!("moving thread {tid} back to {}", p.display())))?;
+                // Where the kernel says the thread is now.
+                let now = cgroup_of(&self.hierarchy, &format!("/proc/self/task/{tid}/cgroup"))?;
+                Ok(now == self.home)
+            }
+        }
     }
 
     /// True when this process is in the cgroup now.

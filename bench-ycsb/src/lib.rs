@@ -30,6 +30,7 @@
 pub mod attribution;
 pub mod cli;
 pub mod debt;
+pub mod disk_probe;
 mod error;
 pub mod generator;
 pub mod kernel;

@@ -380,7 +380,37 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
         assert_eq!(classes, contexts, "{a}");
         assert_eq!(classes > 0, source == "stage");
         assert!(s["debt"]["drain_timeout_ms"].as_u64().is_some());
+        // The disk probe read every 20 ms of the 5 s clock, kept out of the
+        // cgroup (this machine has cgroup v1); it was never charged there.
+        let p = &s["disk_probe"];
+        assert_eq!(p["interval_ms"], 20, "{p}");
+        assert_eq!(p["outside_throttle"], cgroup_v1(), "{p}");
+        let reads = p["reads"].as_u64().unwrap();
+        assert!((100..=260).contains(&reads), "{p}");
+        let (p50, p99, max) =
+            (p["p50_us"].as_u64().unwrap(), p["p99_us"].as_u64().unwrap(), p["max_us"].as_u64().unwrap());
+        assert!(0 < p50 && p50 <= p99 && p99 <= max, "{p}");
     }
+    assert!(stdout.contains("disk probe: a 4 KiB direct read"), "{stdout}");
+    let data = out.path().join("data");
+    let probes: Vec<_> = std::fs::read_dir(&data)
+        .map(|d| d.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("disk-probe")).collect())
+        .unwrap_or_default();
+    assert!(probes.is_empty(), "the disk probe's file was left: {probes:?}");
+}
+
+/// Whether the bench's cgroups here are v1's blkio (which moves single
+/// threads, so the disk probe can stay out of the throttle): as
+/// `bench_ycsb::kernel` chooses, v2 wherever its `io` controller is there.
+fn cgroup_v1() -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    !mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 2
+            && f[2] == "cgroup2"
+            && std::fs::read_to_string(format!("{}/cgroup.controllers", f[1]))
+                .is_ok_and(|c| c.split_whitespace().any(|x| x == "io"))
+    })
 }
 
 /// A small well-formedness check for the SVGs we write: every tag closes,

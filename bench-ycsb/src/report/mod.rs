@@ -234,6 +234,10 @@ pub struct SystemReport {
     /// The work left when the clock stopped, and the time to drain it.
     #[serde(default)]
     pub debt: Option<crate::debt::Debt>,
+    /// What the disk gave a probe outside the system while the clock ran
+    /// (see [`crate::disk_probe`]); `None` with the probe off.
+    #[serde(default)]
+    pub disk_probe: Option<crate::disk_probe::ProbeStats>,
 }
 
 /// The compactions of one level pair during a run: RocksDB's job statistics
@@ -325,6 +329,7 @@ impl SystemReport {
             run_context_bytes: BTreeMap::new(),
             attribution: None,
             debt: None,
+            disk_probe: None,
         }
     }
 

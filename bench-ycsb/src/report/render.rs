@@ -111,6 +111,41 @@ pub fn table(report: &BenchReport) -> String {
         s.push('\n');
         s.push_str(&crate::attribution::table(&attributed));
     }
+    s.push_str(&probe_table(report));
+    s
+}
+
+/// The disk probe's reads per repeat next to the repeat's client p99
+/// (empty when no repeat had the probe).
+pub(super) fn probe_table(report: &BenchReport) -> String {
+    let probed: Vec<_> = report.systems.iter().filter_map(|r| Some((r, r.disk_probe.as_ref()?))).collect();
+    let Some((_, first)) = probed.first() else { return String::new() };
+    let mut s = String::new();
+    let inside = probed.iter().any(|(_, p)| !p.outside_throttle);
+    let _ = writeln!(
+        s,
+        "\ndisk probe: a 4 KiB direct read of a file on the same disk every {} ms, {}, while the clock ran (what the disk gave anyone then), ms",
+        first.interval_ms,
+        if inside { "INSIDE the throttle in some repeats" } else { "outside the throttle" }
+    );
+    let _ = writeln!(
+        s,
+        "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10}",
+        "system #", "client p99", "probe p50", "probe p99", "probe max", "reads", "reads ≥1ms"
+    );
+    for (r, p) in &probed {
+        let _ = writeln!(
+            s,
+            "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10}",
+            format!("{} #{}", r.name, r.repeat),
+            ms(r.p99_us as f64),
+            ms(p.p50_us as f64),
+            ms(p.p99_us as f64),
+            ms(p.max_us as f64),
+            p.reads,
+            p.reads_over_1ms
+        );
+    }
     s
 }
 
