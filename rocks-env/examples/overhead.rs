@@ -16,6 +16,12 @@
 //! (staged / plain) and the ratio of p99s. Before readrandom both DBs are
 //! flushed and fully compacted, so reads go to table files (through the
 //! wrapper for the staged DB). One client thread, as db_bench's default.
+//!
+//! `--direct` reads table files with direct I/O (and flushes and compacts
+//! with it), and `--block-cache-mib` sets the block cache, so that
+//! readrandom's gets reach the disk as they do in bench-ycsb's kernel-device
+//! runs (`--direct --block-cache-mib 8`): the phase then measures what the
+//! wrapper adds to a get that reads a block from the disk.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,6 +47,13 @@ struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Direct I/O for reads, flush and compaction (the temporary
+    /// directories must be on a disk, not tmpfs).
+    #[arg(long)]
+    direct: bool,
+    /// Block cache size in MiB (default: RocksDB's).
+    #[arg(long)]
+    block_cache_mib: Option<usize>,
     /// Run only one system (for profilers such as callgrind): plain or staged.
     #[arg(long)]
     only: Option<String>,
@@ -53,8 +66,15 @@ const PHASES: [&str; 3] = ["fillrandom", "overwrite", "readrandom"];
 /// appends through the wrapper, memtable inserts) without background work
 /// of either DB landing in the other's chunks. Both DBs are flushed and
 /// compacted before readrandom, which then reads table files.
-fn options() -> rocksdb::Options {
+fn options(a: &Args) -> rocksdb::Options {
     let mut o = rocksdb::Options::default();
+    o.set_use_direct_reads(a.direct);
+    o.set_use_direct_io_for_flush_and_compaction(a.direct);
+    if let Some(mib) = a.block_cache_mib {
+        let mut t = rocksdb::BlockBasedOptions::default();
+        t.set_block_cache(&rocksdb::Cache::new_lru_cache(mib << 20));
+        o.set_block_based_table_factory(&t);
+    }
     o.create_if_missing(true);
     o.set_write_buffer_size(1 << 30);
     o.set_max_write_buffer_number(4);
@@ -90,10 +110,10 @@ fn main() {
     let chunk = a.chunk.clamp(1, a.ops);
     let chunks = a.ops / chunk;
     let dirs = [tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir")];
-    let plain = rocksdb::DB::open(&options(), dirs[0].path()).expect("open plain");
+    let plain = rocksdb::DB::open(&options(&a), dirs[0].path()).expect("open plain");
     let stage = Arc::new(Stage::new("overhead"));
     RocksLayout::new().install(&stage).expect("layout");
-    let staged = StagedDb::builder(options()).stage(Arc::clone(&stage)).open(dirs[1].path()).expect("open staged");
+    let staged = StagedDb::builder(options(&a)).stage(Arc::clone(&stage)).open(dirs[1].path()).expect("open staged");
     let dbs: [&rocksdb::DB; 2] = [&plain, &staged];
 
     let value = vec![b'v'; a.value_size];
@@ -151,11 +171,14 @@ fn main() {
             let pairs: Vec<f64> =
                 r.chunk_ops_per_sec[1].iter().zip(&r.chunk_ops_per_sec[0]).map(|(s, p)| s / p).collect();
             let p99 = |s: usize| r.histogram[s].value_at_quantile(0.99) as f64 / 1000.0;
+            let p50 = |s: usize| r.histogram[s].value_at_quantile(0.5) as f64 / 1000.0;
             json!({
                 "phase": phase,
                 "plain_ops_per_sec": median(r.chunk_ops_per_sec[0].clone()),
                 "staged_ops_per_sec": median(r.chunk_ops_per_sec[1].clone()),
                 "throughput_ratio": median(pairs),
+                "plain_p50_us": p50(0),
+                "staged_p50_us": p50(1),
                 "plain_p99_us": p99(0),
                 "staged_p99_us": p99(1),
                 "p99_ratio": p99(1) / p99(0),
@@ -163,20 +186,26 @@ fn main() {
         })
         .collect();
     if a.json {
-        println!("{}", json!({ "ops": a.ops, "chunk": chunk, "value_size": a.value_size, "phases": rows }));
+        println!(
+            "{}",
+            json!({ "ops": a.ops, "chunk": chunk, "value_size": a.value_size, "direct": a.direct,
+                    "block_cache_mib": a.block_cache_mib, "phases": rows })
+        );
         return;
     }
     println!(
-        "{:<11} {:>14} {:>14} {:>7}   {:>9} {:>9} {:>7}",
-        "phase", "rocksdb ops/s", "staged ops/s", "ratio", "p99 µs", "p99 µs", "ratio"
+        "{:<11} {:>14} {:>14} {:>7}   {:>9} {:>9}   {:>9} {:>9} {:>7}",
+        "phase", "rocksdb ops/s", "staged ops/s", "ratio", "p50 µs", "p50 µs", "p99 µs", "p99 µs", "ratio"
     );
     for r in &rows {
         println!(
-            "{:<11} {:>14.0} {:>14.0} {:>7.3}   {:>9.2} {:>9.2} {:>7.3}",
+            "{:<11} {:>14.0} {:>14.0} {:>7.3}   {:>9.2} {:>9.2}   {:>9.2} {:>9.2} {:>7.3}",
             r["phase"].as_str().unwrap_or(""),
             r["plain_ops_per_sec"].as_f64().unwrap_or(0.0),
             r["staged_ops_per_sec"].as_f64().unwrap_or(0.0),
             r["throughput_ratio"].as_f64().unwrap_or(0.0),
+            r["plain_p50_us"].as_f64().unwrap_or(0.0),
+            r["staged_p50_us"].as_f64().unwrap_or(0.0),
             r["plain_p99_us"].as_f64().unwrap_or(0.0),
             r["staged_p99_us"].as_f64().unwrap_or(0.0),
             r["p99_ratio"].as_f64().unwrap_or(0.0),
