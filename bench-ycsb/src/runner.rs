@@ -14,6 +14,17 @@
 //!
 //! Inserts take their key numbers from an [`AcknowledgedCounter`]: reads
 //! pick among keys whose inserts have returned, as in YCSB.
+//!
+//! A client that is early sleeps until the request's time. Linux lets a
+//! sleep run late by the thread's *timer slack* (50 µs by default), and on
+//! this kind of VM a sleep of about a millisecond measured 75 µs late at
+//! the median: latency the load generator would add to every request of a
+//! calm run, whatever the system. Client threads therefore set their timer
+//! slack to [`RunParams::timer_slack_ns`] ([`CLIENT_TIMER_SLACK_NS`] by
+//! default); what lateness remains (the wake-up
+//! itself) is measured for every request a client slept for and reported
+//! ([`RunResult::issue_late`]), so a reader can tell the generator's error
+//! from the system's latency.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,6 +41,19 @@ use crate::profile::{Profile, Schedule};
 use crate::workload::{Chosen, Op, OpChooser, RecordBuilder, Workload};
 
 const MAX_US: u64 = 600_000_000;
+
+/// The timer slack client threads ask for by default, ns (the kernel's
+/// smallest).
+pub const CLIENT_TIMER_SLACK_NS: u64 = 1;
+
+/// Sets the calling thread's timer slack to `ns` (at least 1) and returns
+/// the value the kernel then reports (`None` if it cannot say).
+pub fn set_client_timer_slack(ns: u64) -> Option<u64> {
+    if let Err(e) = nix::sys::prctl::set_timerslack(ns.max(1) as _) {
+        tracing::warn!(error = %e, "could not set the client's timer slack; its sleeps may run up to 50 µs late");
+    }
+    nix::sys::prctl::get_timerslack().ok().and_then(|v| u64::try_from(v).ok())
+}
 
 pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_US, 3).expect("valid histogram bounds")
@@ -157,6 +181,14 @@ pub struct RunResult {
     pub schedule_s: f64,
     /// Every issued request, in no particular order.
     pub requests: Vec<RequestRecord>,
+    /// The load generator's own error: for each request a client slept
+    /// for (it was early), how late it woke and issued it, µs. Requests a
+    /// client issued at once because it was already late are not in it
+    /// (their wait is the system's).
+    pub issue_late: Histogram<u64>,
+    /// The client threads' timer slack, ns, as the kernel reported it
+    /// (the largest over the threads; `None` if a thread could not read it).
+    pub timer_slack_ns: Option<u64>,
 }
 
 /// Parameters of a run phase.
@@ -172,6 +204,9 @@ pub struct RunParams {
     pub seed: u64,
     /// How long after the schedule ends late requests may still be issued.
     pub drain: Duration,
+    /// The client threads' timer slack, ns ([`CLIENT_TIMER_SLACK_NS`]
+    /// unless comparing with runs made at Linux's default, 50,000).
+    pub timer_slack_ns: u64,
 }
 
 /// What one client thread measured.
@@ -181,6 +216,10 @@ struct ClientResult {
     dropped: u64,
     elapsed: Duration,
     requests: Vec<RequestRecord>,
+    /// How late requests the client slept for were issued, µs.
+    late: Histogram<u64>,
+    /// The client thread's timer slack as the kernel reported it, ns.
+    timer_slack_ns: Option<u64>,
 }
 
 /// Does one operation. `Ok(false)` when the key read or updated was not
@@ -271,6 +310,8 @@ pub fn run_with_clock(
                     let mut dropped = 0u64;
                     let mut requests = Vec::with_capacity(expected_per_thread);
                     let mut runq = RunQueueClock::open();
+                    let timer_slack_ns = set_client_timer_slack(params.timer_slack_ns);
+                    let mut late = histogram();
                     barrier.wait();
                     let start = Instant::now();
                     loop {
@@ -279,7 +320,8 @@ pub fn run_with_clock(
                             break;
                         }
                         let now = start.elapsed();
-                        if due > now {
+                        let slept = due > now;
+                        if slept {
                             std::thread::sleep(due - now);
                         } else if now > params.duration + params.drain {
                             // Too late to issue: what is left of the
@@ -303,6 +345,9 @@ pub fn run_with_clock(
                         }
                         let c = chooser.next(&mut rng, inserts.acknowledged(), || inserts.next());
                         let issued = start.elapsed();
+                        if slept {
+                            late.saturating_record(issued.saturating_sub(due).as_micros() as u64);
+                        }
                         let waited0 = runq.wait_ns();
                         let ok = execute(db, &chooser, records, &mut rng, &c, &mut buf);
                         let done = start.elapsed();
@@ -330,7 +375,7 @@ pub fn run_with_clock(
                             op: c.op,
                         });
                     }
-                    ClientResult { per_op, seconds, dropped, elapsed: start.elapsed(), requests }
+                    ClientResult { per_op, seconds, dropped, elapsed: start.elapsed(), requests, late, timer_slack_ns }
                 })
             })
             .collect();
@@ -353,12 +398,15 @@ pub fn run_with_clock(
         dropped: 0,
         schedule_s: params.duration.as_secs_f64(),
         requests: Vec::new(),
+        issue_late: histogram(),
+        timer_slack_ns: results.iter().map(|r| r.timer_slack_ns).try_fold(0, |m, v| v.map(|v| m.max(v))),
     };
     out.requests.reserve(results.iter().map(|r| r.requests.len()).sum());
     for r in &results {
         out.requests.extend_from_slice(&r.requests);
     }
-    for ClientResult { per_op, seconds, dropped, .. } in &results {
+    for ClientResult { per_op, seconds, dropped, late, .. } in &results {
+        let _ = out.issue_late.add(late);
         for (op, s) in per_op {
             out.per_op.entry(*op).or_default().add(s);
             out.overall.add(s);

@@ -58,6 +58,7 @@ fn an_overloaded_run_records_every_scheduled_request() {
         profile: Profile::Constant { rate: 1000.0 },
         seed: 7,
         drain: Duration::from_millis(300),
+        timer_slack_ns: runner::CLIENT_TIMER_SLACK_NS,
     };
     let r = runner::run(&db, &w, &params, &|_| {});
     eprintln!("completed {} of 1000, dropped {}, max latency {} µs", r.ops, r.dropped, r.overall.intended.max());
@@ -136,6 +137,7 @@ fn latest_reads_only_see_acknowledged_inserts() {
         profile: Profile::Constant { rate: 600.0 },
         seed: 11,
         drain: Duration::from_secs(5),
+        timer_slack_ns: runner::CLIENT_TIMER_SLACK_NS,
     };
     let r = runner::run(&db, &w, &params, &|_| {});
     let read = r.per_op.iter().find(|(op, _)| op.label() == "READ").map(|(_, s)| s.clone()).unwrap();
@@ -185,6 +187,7 @@ fn phases_and_windows_cover_the_schedule() {
         profile: profile.clone(),
         seed: 3,
         drain: Duration::from_secs(1),
+        timer_slack_ns: runner::CLIENT_TIMER_SLACK_NS,
     };
     let r = runner::run(&db, &w, &params, &|_| {});
     let rep = SystemReport::new("plain", 1, &r, &profile);
@@ -204,4 +207,55 @@ fn phases_and_windows_cover_the_schedule() {
     assert_eq!((rep.windows[0].from_s, rep.windows[0].to_s), (0, 7));
     assert!((rep.windows[0].throughput_ops - 300.0).abs() < 10.0, "{:?}", rep.windows[0]);
     assert_eq!(rep.phase_p99("peak"), Some(phase("peak").p99_us));
+}
+
+/// Client threads sleep with the kernel's smallest timer slack (else each
+/// sleep may run 50 µs late, latency no system caused), and the run reports
+/// how late the requests they slept for were issued.
+#[test]
+fn clients_sleep_with_the_smallest_timer_slack_and_report_their_lateness() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = small("mixture");
+    let (db, _stage) = slow_db(dir.path(), &w, "unlimited");
+    let profile = Profile::Constant { rate: 200.0 };
+    let params = RunParams {
+        threads: 2,
+        duration: Duration::from_secs(1),
+        profile: profile.clone(),
+        seed: 5,
+        drain: Duration::from_secs(1),
+        timer_slack_ns: runner::CLIENT_TIMER_SLACK_NS,
+    };
+    let r = runner::run(&db, &w, &params, &|_| {});
+    assert_eq!(r.timer_slack_ns, Some(runner::CLIENT_TIMER_SLACK_NS), "the clients' timer slack");
+    // At 100 requests/s per client against an unthrottled DB, clients are
+    // early for most requests.
+    let slept = r.issue_late.len();
+    assert!(slept > r.ops / 2 && slept <= r.ops, "{slept} of {} requests slept for", r.ops);
+    let rep = SystemReport::new("plain", 1, &r, &profile);
+    let l = rep.issue_lateness.clone().expect("the report has the clients' lateness");
+    assert_eq!((l.requests, l.timer_slack_ns), (slept, Some(1)));
+    assert!(l.p50_us <= l.p99_us && l.p99_us <= l.max_us, "{l:?}");
+    let json = serde_json::to_value(&rep).unwrap();
+    assert_eq!(json["issue_lateness"]["requests"].as_u64(), Some(slept), "summary.json has `issue_lateness`");
+    let report = BenchReport {
+        workload: "mixture".into(),
+        workload_properties: serde_json::Value::Null,
+        profile: "constant".into(),
+        threads: 2,
+        duration_s: 1.0,
+        seed: 5,
+        device: "none".into(),
+        start: "cold".into(),
+        machine: String::new(),
+        provenance: bench_ycsb::report::Provenance::now(),
+        kvs_bandwidth: "-".into(),
+        config: serde_json::Value::Null,
+        systems: vec![rep],
+    };
+    let table = bench_ycsb::report::table(&report);
+    let section = table.split("\nclients: ").nth(1).unwrap_or_else(|| panic!("no clients section:\n{table}"));
+    assert!(section.starts_with("how late") && section.contains("timer slack 1 ns"), "{section}");
+    let row = section.lines().find(|l| l.starts_with("plain")).unwrap();
+    assert_eq!(row.split_whitespace().nth(1), Some(slept.to_string().as_str()), "{row}");
 }

@@ -238,6 +238,26 @@ pub struct SystemReport {
     /// (see [`crate::disk_probe`]); `None` with the probe off.
     #[serde(default)]
     pub disk_probe: Option<crate::disk_probe::ProbeStats>,
+    /// The load generator's own error: how late the clients issued the
+    /// requests they had slept for (see [`crate::runner`]).
+    #[serde(default)]
+    pub issue_lateness: Option<IssueLateness>,
+}
+
+/// How late the clients issued the requests they slept for: part of every
+/// such request's latency that no system caused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IssueLateness {
+    /// The client threads' timer slack, ns, as the kernel reported it.
+    pub timer_slack_ns: Option<u64>,
+    /// Requests a client slept for.
+    pub requests: u64,
+    /// Median lateness, µs.
+    pub p50_us: u64,
+    /// 99th percentile, µs.
+    pub p99_us: u64,
+    /// Largest, µs.
+    pub max_us: u64,
 }
 
 /// The compactions of one level pair during a run: RocksDB's job statistics
@@ -330,6 +350,13 @@ impl SystemReport {
             attribution: None,
             debt: None,
             disk_probe: None,
+            issue_lateness: (!r.issue_late.is_empty()).then(|| IssueLateness {
+                timer_slack_ns: r.timer_slack_ns,
+                requests: r.issue_late.len(),
+                p50_us: r.issue_late.value_at_quantile(0.5),
+                p99_us: r.issue_late.value_at_quantile(0.99),
+                max_us: r.issue_late.max(),
+            }),
         }
     }
 

@@ -112,6 +112,51 @@ pub fn table(report: &BenchReport) -> String {
         s.push_str(&crate::attribution::table(&attributed));
     }
     s.push_str(&probe_table(report));
+    s.push_str(&lateness_table(report));
+    s
+}
+
+/// How late the clients issued the requests they slept for, per system
+/// (medians over repeats): the load generator's own part of the latencies
+/// above (empty when no repeat has it).
+pub(super) fn lateness_table(report: &BenchReport) -> String {
+    let mut s = String::new();
+    let slack: Vec<String> = {
+        let mut v: Vec<String> = report
+            .systems
+            .iter()
+            .filter_map(|r| r.issue_lateness.as_ref())
+            .map(|l| l.timer_slack_ns.map_or_else(|| "unknown".to_owned(), |n| format!("{n} ns")))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    if slack.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "\nclients: how late a client issued a request it had slept for (the load generator's own part of its latency; timer slack {}), median over repeats, µs",
+        slack.join(", ")
+    );
+    let _ = writeln!(s, "{:<18} {:>10} {:>9} {:>9} {:>9}", "system", "slept", "late p50", "late p99", "late max");
+    for (name, rs) in per_system(report) {
+        let ls: Vec<&super::IssueLateness> = rs.iter().filter_map(|r| r.issue_lateness.as_ref()).collect();
+        if ls.is_empty() {
+            continue;
+        }
+        let m = |f: &dyn Fn(&super::IssueLateness) -> u64| num(median(ls.iter().map(|l| f(l) as f64).collect()), 0);
+        let _ = writeln!(
+            s,
+            "{:<18} {:>10} {:>9} {:>9} {:>9}",
+            name,
+            m(&|l| l.requests),
+            m(&|l| l.p50_us),
+            m(&|l| l.p99_us),
+            m(&|l| l.max_us)
+        );
+    }
     s
 }
 
