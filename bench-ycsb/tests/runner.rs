@@ -35,6 +35,26 @@ fn slow_db(dir: &std::path::Path, w: &Workload, fg_rate: &str) -> (StagedDb, Arc
     (StagedDb::builder(opts).stage(Arc::clone(&stage)).open(dir).unwrap(), stage)
 }
 
+/// A report of one system's run of 1 s of `mixture` at a constant rate
+/// with 2 client threads, as `run` writes it.
+fn one_system_report(sys: SystemReport, seed: u64) -> BenchReport {
+    BenchReport {
+        workload: "mixture".into(),
+        workload_properties: serde_json::Value::Null,
+        profile: "constant".into(),
+        threads: 2,
+        duration_s: 1.0,
+        seed,
+        device: "none".into(),
+        start: "cold".into(),
+        machine: String::new(),
+        provenance: bench_ycsb::report::Provenance::now(),
+        kvs_bandwidth: "-".into(),
+        config: serde_json::Value::Null,
+        systems: vec![sys],
+    }
+}
+
 fn small(name: &str) -> Workload {
     let mut w = Workload::builtin(name).unwrap();
     w.recordcount = 2_000;
@@ -73,21 +93,7 @@ fn an_overloaded_run_records_every_scheduled_request() {
     let json = serde_json::to_value(&sys).unwrap();
     assert_eq!(json["dropped"].as_u64(), Some(r.dropped), "summary.json has `dropped`");
     assert!(sys.ycsb_text().contains(&format!("[OVERALL], Dropped, {}", r.dropped)), "{}", sys.ycsb_text());
-    let report = BenchReport {
-        workload: "mixture".into(),
-        workload_properties: serde_json::Value::Null,
-        profile: "constant".into(),
-        threads: 2,
-        duration_s: 1.0,
-        seed: 7,
-        device: "none".into(),
-        start: "cold".into(),
-        machine: String::new(),
-        provenance: bench_ycsb::report::Provenance::now(),
-        kvs_bandwidth: "-".into(),
-        config: serde_json::Value::Null,
-        systems: vec![sys],
-    };
+    let report = one_system_report(sys, 7);
     let table = bench_ycsb::report::table(&report);
     let header = table.lines().next().unwrap();
     let row = table.lines().nth(1).unwrap();
@@ -238,21 +244,7 @@ fn clients_sleep_with_the_smallest_timer_slack_and_report_their_lateness() {
     assert!(l.p50_us <= l.p99_us && l.p99_us <= l.max_us, "{l:?}");
     let json = serde_json::to_value(&rep).unwrap();
     assert_eq!(json["issue_lateness"]["requests"].as_u64(), Some(slept), "summary.json has `issue_lateness`");
-    let report = BenchReport {
-        workload: "mixture".into(),
-        workload_properties: serde_json::Value::Null,
-        profile: "constant".into(),
-        threads: 2,
-        duration_s: 1.0,
-        seed: 5,
-        device: "none".into(),
-        start: "cold".into(),
-        machine: String::new(),
-        provenance: bench_ycsb::report::Provenance::now(),
-        kvs_bandwidth: "-".into(),
-        config: serde_json::Value::Null,
-        systems: vec![rep],
-    };
+    let report = one_system_report(rep, 5);
     let table = bench_ycsb::report::table(&report);
     let section = table.split("\nclients: ").nth(1).unwrap_or_else(|| panic!("no clients section:\n{table}"));
     assert!(section.starts_with("how late") && section.contains("timer slack 1 ns"), "{section}");
