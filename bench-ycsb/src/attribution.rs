@@ -12,7 +12,11 @@
 //! latency was spent waiting to be issued (behind an earlier slow request
 //! of the same client) and waiting for a CPU, how many block cache lookups
 //! missed; and the p99 of the quiet requests, around which no job ran
-//! ([`QUIET_MARGIN`]), as an estimate of the floor. For plain RocksDB,
+//! ([`QUIET_MARGIN`]), as an estimate of the floor. With the disk probe
+//! on ([`crate::disk_probe`]), it also counts the requests whose wait
+//! overlapped a disk stall (a probe read of [`crate::disk_probe::DISK_STALL`]
+//! or more, outside the system and its throttle), and gives the slowest
+//! probe read of each second. For plain RocksDB,
 //! which has no stage, the jobs come from RocksDB's properties (flushes and
 //! compactions, not per level) and the bytes from the kernel's counters
 //! only.
@@ -24,6 +28,7 @@ use kv_stage::{Collection, RequestContext as C, Stage};
 use rocksdb::DB;
 use serde::{Deserialize, Serialize};
 
+use crate::disk_probe::ProbeRead;
 use crate::kernel::Cgroup;
 use crate::runner::RequestRecord;
 
@@ -231,6 +236,12 @@ pub struct Around {
     /// block cache (0 without lookups).
     #[serde(default)]
     pub cache_miss_share: f64,
+    /// Share of the requests whose wait (from due to done) overlapped a
+    /// disk stall: a read of the disk probe that took
+    /// [`crate::disk_probe::DISK_STALL`] or more (0 with the probe off; see
+    /// [`Attribution::disk_reads`]).
+    #[serde(default)]
+    pub with_disk_stall: f64,
 }
 
 /// One second of the run: the background next to the clients' p99 (in
@@ -248,6 +259,10 @@ pub struct SecondBackground {
     /// Block cache lookups of data blocks in this second: misses, hits.
     #[serde(default)]
     pub cache: [u64; 2],
+    /// The slowest read of the disk probe that ended in this second, µs (0
+    /// with the probe off).
+    #[serde(default)]
+    pub disk_max_us: u32,
 }
 
 /// The attribution of one run (`summary.json`: `attribution`).
@@ -281,6 +296,11 @@ pub struct Attribution {
     /// requests lean to the calmer parts of a run).
     #[serde(default)]
     pub quiet_p99_us: u64,
+    /// Reads of the disk probe that ended while the clock ran, against
+    /// which `with_disk_stall` and `disk_max_us` were set (0: the probe
+    /// was off, and those say nothing).
+    #[serde(default)]
+    pub disk_reads: u64,
 }
 
 impl Samples {
@@ -294,7 +314,8 @@ impl Samples {
         self.samples.partition_point(|s| s.t_us < t_us).min(self.samples.len().saturating_sub(1))
     }
 
-    fn around<'a>(&self, reqs: impl Iterator<Item = &'a RequestRecord>) -> Around {
+    /// `stalls`: the disk stalls' spans (issued, ended), µs.
+    fn around<'a>(&self, reqs: impl Iterator<Item = &'a RequestRecord>, stalls: &[(u64, u64)]) -> Around {
         let mut a = Around::default();
         let (mut lat, mut queued, mut svc, mut cpu) = (0f64, 0f64, 0f64, 0f64);
         let (mut flush, mut l0, mut ln, mut none) = (0u64, 0u64, 0u64, 0u64);
@@ -304,16 +325,18 @@ impl Samples {
         let mut ticks = [0f64; 3];
         let mut cache = [0f64; 2];
         let mut window_s = 0f64;
+        let mut disk = 0u64;
         for r in reqs {
             a.requests += 1;
             lat += f64::from(r.latency_us);
             queued += f64::from(r.latency_us.saturating_sub(r.service_us));
             svc += f64::from(r.service_us);
             cpu += f64::from(r.runq_us.min(r.service_us));
+            let (from, to) = (r.due_us, r.due_us + u64::from(r.latency_us));
+            disk += u64::from(stalls.iter().any(|&(a, b)| a <= to && b >= from));
             if self.samples.is_empty() {
                 continue;
             }
-            let (from, to) = (r.due_us, r.due_us + u64::from(r.latency_us));
             let (i, j) = (self.at_or_before(from), self.at_or_after(to));
             let mut jobs = [0u8; 3];
             for s in &self.samples[i..=j.max(i)] {
@@ -341,6 +364,7 @@ impl Samples {
         a.with_l0 = l0 as f64 / n;
         a.with_ln = ln as f64 / n;
         a.with_none = none as f64 / n;
+        a.with_disk_stall = disk as f64 / n;
         for k in 0..5 {
             a.class_bps[k] = if window_s > 0.0 { bytes[k] / window_s } else { 0.0 };
             a.class_request_bytes[k] = if ops[k] > 0.0 { bytes[k] / ops[k] } else { 0.0 };
@@ -362,15 +386,26 @@ impl Samples {
     }
 
     /// Sets the requests slower than the run's p99 (`threshold_us`) against
-    /// the readings.
-    pub fn attribute(&self, requests: &[RequestRecord], threshold_us: u64) -> Attribution {
+    /// the readings, and every request against the disk probe's reads of
+    /// the run (`disk`, from [`crate::disk_probe::DiskProbe::reads`]; empty
+    /// with the probe off).
+    pub fn attribute(&self, requests: &[RequestRecord], threshold_us: u64, disk: &[ProbeRead]) -> Attribution {
         let slow = requests.iter().filter(|r| u64::from(r.latency_us) >= threshold_us);
+        let stalls: Vec<(u64, u64)> = disk.iter().filter(|d| d.is_stall()).map(|d| (d.start_us(), d.end_us)).collect();
         let mut seconds: Vec<SecondBackground> = Vec::new();
-        for w in self.samples.windows(2) {
-            let t = (w[1].t_us / 1_000_000) as usize;
+        let second = |seconds: &mut Vec<SecondBackground>, t_us: u64| -> usize {
+            let t = (t_us / 1_000_000) as usize;
             while seconds.len() <= t {
                 seconds.push(SecondBackground { t: seconds.len(), ..SecondBackground::default() });
             }
+            t
+        };
+        for d in disk {
+            let t = second(&mut seconds, d.end_us);
+            seconds[t].disk_max_us = seconds[t].disk_max_us.max(d.latency_us);
+        }
+        for w in self.samples.windows(2) {
+            let t = second(&mut seconds, w[1].t_us);
             let s = &mut seconds[t];
             for k in 0..5 {
                 s.class_bytes[k] += w[1].bytes[k].saturating_sub(w[0].bytes[k]);
@@ -393,12 +428,13 @@ impl Samples {
             staged: self.staged,
             samples: self.samples.len() as u64,
             threshold_us,
-            slowest: self.around(slow),
-            all: self.around(requests.iter()),
+            slowest: self.around(slow, &stalls),
+            all: self.around(requests.iter(), &stalls),
             run_class_bytes,
             seconds,
             quiet_requests,
             quiet_p99_us,
+            disk_reads: disk.len() as u64,
         }
     }
 
@@ -471,8 +507,9 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:>22} (then: the machine's CPU busy share and steal share, and the share of data-block lookups that missed RocksDB's block cache, slow/all)",
-        ""
+        "{:>22} (then: the machine's CPU busy share and steal share, the share of data-block lookups that missed RocksDB's block cache, and the share of requests whose wait overlapped a disk stall, a disk probe read of {} ms or more, slow/all)",
+        "",
+        crate::disk_probe::DISK_STALL.as_millis()
     );
     let mib = 1048576.0;
     for (name, r, a) in systems {
@@ -480,7 +517,7 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
         let k = |x: &Around| (x.charged_bps[0] + x.charged_bps[1]) / mib;
         let _ = writeln!(
             s,
-            "{:<22} {:>8} {:>9}  {:>8.2}/{:<8.2} {:>8.2}/{:<8.2} {:>8.2}/{:<8.2}  {:>6.1}/{:<6.1} {:>6.1}/{:<6.1}  {:>5.2}/{:<5.2} {:>5.2}/{:<5.2}  cpu {:.2}/{:.2} steal {:.3}/{:.3} cache miss {:.2}/{:.2}",
+            "{:<22} {:>8} {:>9}  {:>8.2}/{:<8.2} {:>8.2}/{:<8.2} {:>8.2}/{:<8.2}  {:>6.1}/{:<6.1} {:>6.1}/{:<6.1}  {:>5.2}/{:<5.2} {:>5.2}/{:<5.2}  cpu {:.2}/{:.2} steal {:.3}/{:.3} cache miss {:.2}/{:.2}{}",
             format!("{name} #{r}"),
             a.threshold_us,
             a.quiet_p99_us,
@@ -504,6 +541,11 @@ pub fn table(systems: &[(String, usize, &Attribution)]) -> String {
             a.all.steal,
             a.slowest.cache_miss_share,
             a.all.cache_miss_share,
+            if a.disk_reads > 0 {
+                format!(" disk stall {:.2}/{:.4}", a.slowest.with_disk_stall, a.all.with_disk_stall)
+            } else {
+                String::new()
+            },
         );
     }
     s
@@ -542,7 +584,7 @@ mod tests {
         }
         let mut reqs: Vec<RequestRecord> = (0..99).map(|i| req(30_000 + i * 50, 100)).collect();
         reqs.push(req(12_500, 5000));
-        let a = samples.attribute(&reqs, 5000);
+        let a = samples.attribute(&reqs, 5000, &[]);
         assert_eq!(a.slowest.requests, 1);
         assert_eq!(a.slowest.with_flush, 1.0);
         assert_eq!(a.all.requests, 100);
@@ -577,12 +619,52 @@ mod tests {
         }
         let mut reqs = vec![req(12_500, 5000), req(65_000, 300), req(70_000, 100)];
         reqs.extend((0..100u32).map(|k| req(100_000 + u64::from(k) * 500, 100 + k)));
-        let a = samples.attribute(&reqs, 199);
+        let a = samples.attribute(&reqs, 199, &[]);
         assert_eq!(a.quiet_requests, 101);
         // Latencies 100, 100, 101 ... 199: the 100th of 101 is 198.
         assert_eq!(a.quiet_p99_us, 198);
-        let none = Samples::default().attribute(&reqs, 199);
+        let none = Samples::default().attribute(&reqs, 199, &[]);
         assert_eq!((none.quiet_requests, none.quiet_p99_us), (0, 0));
+    }
+
+    /// The disk probe stalled once, from 1.200 to 1.260 s (60 ms); the
+    /// one slow request waited from 1.210 to 1.275 s, the fast ones after.
+    /// Requests whose wait overlaps the stall are set against it; each
+    /// second has its slowest probe read.
+    #[test]
+    fn requests_are_set_against_disk_stalls() {
+        let samples = Samples {
+            samples: (0..=1000u64).map(|i| Sample { t_us: i * 2000, ..Sample::default() }).collect(),
+            staged: true,
+            first: None,
+            last: None,
+        };
+        let mut disk: Vec<ProbeRead> =
+            (1..100u64).map(|i| ProbeRead { end_us: i * 20_000, latency_us: 80 + i as u32 }).collect();
+        disk.push(ProbeRead { end_us: 1_260_000, latency_us: 60_000 });
+        // A read of 9.999 ms is no stall.
+        disk.push(ProbeRead { end_us: 1_500_000, latency_us: 9_999 });
+        disk.sort_by_key(|d| d.end_us);
+        let mut reqs = vec![req(1_210_000, 65_000)];
+        // Due 1.261 s on, after the stall had ended: not with it.
+        reqs.extend((0..99u64).map(|k| req(1_261_000 + k * 1000, 100)));
+        let a = samples.attribute(&reqs, 65_000, &disk);
+        assert_eq!(a.disk_reads, 101);
+        assert_eq!(a.slowest.requests, 1);
+        assert_eq!(a.slowest.with_disk_stall, 1.0);
+        assert!((a.all.with_disk_stall - 0.01).abs() < 1e-9, "{}", a.all.with_disk_stall);
+        // A request due at 1.259 s, in the stall's last ms, overlaps it.
+        let b = samples.attribute(&[req(1_259_000, 100)], 100, &disk);
+        assert_eq!(b.slowest.with_disk_stall, 1.0);
+        assert_eq!(a.seconds[0].disk_max_us, 80 + 49);
+        assert_eq!(a.seconds[1].disk_max_us, 60_000);
+        // Without the probe, nothing is set against it.
+        let c = samples.attribute(&reqs, 65_000, &[]);
+        assert_eq!((c.disk_reads, c.slowest.with_disk_stall), (0, 0.0));
+        assert!(c.seconds.iter().all(|s| s.disk_max_us == 0));
+        let t = table(&[("x".into(), 1, &a), ("y".into(), 1, &c)]);
+        assert!(t.contains("disk stall 1.00/0.0100"), "{t}");
+        assert_eq!(t.matches("disk stall 1").count(), 1, "{t}");
     }
 
     #[test]

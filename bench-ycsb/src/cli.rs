@@ -659,9 +659,17 @@ fn run_one(
         let clock_stopped = Instant::now();
         stop_attribution.store(true, std::sync::atomic::Ordering::Release);
         let samples = sampler.join().map_err(|_| Error::Usage("the attribution sampler panicked".into()));
+        // The disk probe's reads while the clock ran: its figures, and what
+        // the attribution sets the clients' requests against.
+        let disk = match (probe, clock.get()) {
+            (Some(p), Some(&from)) => p.reads(from, clock_stopped),
+            _ => Vec::new(),
+        };
+        let disk_stats = probe.and_then(|p| p.stats_of(&disk, probe_outside));
+        let measured = measured.map(|m| Measured { disk, ..m });
         let rep = measured.and_then(|m| report_of(b, kind, r, &sys, cgroup.as_ref(), m, &samples?)).map(|mut rep| {
-            if let (Some(p), Some(&from)) = (probe, clock.get()) {
-                rep.disk_probe = p.between(from, clock_stopped, probe_outside);
+            if let Some(p) = probe {
+                rep.disk_probe = disk_stats;
                 if let Some(e) = p.error() {
                     tracing::warn!("the disk probe stopped: {e}");
                 }
@@ -751,7 +759,7 @@ fn report_of(
     measured: Measured,
     samples: &attribution::Samples,
 ) -> Result<SystemReport> {
-    let Measured { settle_ms, charged0, seen0, stall0, levels0, result } = measured;
+    let Measured { settle_ms, charged0, seen0, stall0, levels0, result, disk } = measured;
     let charged = cgroup.map(|c| c.charged()).transpose()?;
     let seen = sys.seen_bytes();
     let mut rep = SystemReport::new(kind.name(), r, &result, &b.params.profile);
@@ -766,7 +774,7 @@ fn report_of(
         rep.context_bytes = now.contexts.iter().map(|c| (c.context.name().to_owned(), c.counter.bytes)).collect();
         rep.run_context_bytes = samples.run_context_bytes();
     }
-    rep.attribution = Some(samples.attribute(&result.requests, rep.p99_us));
+    rep.attribution = Some(samples.attribute(&result.requests, rep.p99_us, &disk));
     if let (Some(c1), Some(c0)) = (charged, charged0) {
         let seen = systems::SeenBytes {
             read_bytes: seen.read_bytes.saturating_sub(seen0.read_bytes),
@@ -782,8 +790,8 @@ fn report_of(
 
 /// What [`settle_and_run`] measured: settle time, the cgroup's and the
 /// system's byte counters and the stall counter at the start of the
-/// clock, and the run.
-/// What a run measured, with the counters taken when the clock started.
+/// clock, and the run; then the disk probe's reads while the clock ran
+/// (empty from `settle_and_run`, filled after the clock stopped).
 struct Measured {
     settle_ms: Option<u64>,
     charged0: Option<kernel::Charged>,
@@ -791,6 +799,7 @@ struct Measured {
     stall0: u64,
     levels0: Vec<rocks_env::CompactionLevelStats>,
     result: runner::RunResult,
+    disk: Vec<crate::disk_probe::ProbeRead>,
 }
 
 /// Settles (warm start), takes the counters at the start of the clock,
@@ -840,7 +849,7 @@ fn settle_and_run(
     // this process: on a kernel device those bytes are then charged before
     // the counters are read, as the stage already counted them.
     sys.db.db().flush_wal(true)?;
-    Ok(Measured { settle_ms, charged0, seen0, stall0, levels0, result })
+    Ok(Measured { settle_ms, charged0, seen0, stall0, levels0, result, disk: Vec::new() })
 }
 
 fn params(sys: &SystemArgs, duration: Duration, profile: &Profile, seed: u64) -> RunParams {

@@ -390,8 +390,24 @@ fn a_kernel_device_run_is_charged_and_leaves_no_cgroup() {
         let (p50, p99, max) =
             (p["p50_us"].as_u64().unwrap(), p["p99_us"].as_u64().unwrap(), p["max_us"].as_u64().unwrap());
         assert!(0 < p50 && p50 <= p99 && p99 <= max, "{p}");
+        // The attribution set the requests against the same reads: its
+        // seconds' slowest probe reads top out at the probe's max, and
+        // the listed stalls are the reads of 10 ms or more.
+        assert_eq!(a["disk_reads"].as_u64(), Some(reads), "{a}");
+        let seconds_max = a["seconds"].as_array().unwrap().iter().map(|x| x["disk_max_us"].as_u64().unwrap()).max();
+        assert_eq!(seconds_max, Some(max), "{a}");
+        let stalls = p["stalls"].as_array().unwrap();
+        assert_eq!(p["stall_reads"].as_u64(), Some(stalls.len() as u64), "{p}");
+        assert!(stalls.iter().all(|x| x["latency_us"].as_u64().unwrap() >= 10_000), "{p}");
+        assert_eq!(max >= 10_000, !stalls.is_empty(), "{p}");
+        // At 4,000 requests/s every stall (10 ms or more) overlaps some.
+        let (slowest, all) =
+            (a["slowest"]["with_disk_stall"].as_f64().unwrap(), a["all"]["with_disk_stall"].as_f64().unwrap());
+        assert!((0.0..=1.0).contains(&slowest) && (0.0..=1.0).contains(&all), "{a}");
+        assert_eq!(all > 0.0, !stalls.is_empty(), "{a}");
+        assert!(slowest == 0.0 || all > 0.0, "{a}");
     }
-    assert!(stdout.contains("disk probe: a 4 KiB direct read"), "{stdout}");
+    assert!(stdout.contains("disk probe: a 4 KiB direct read") && stdout.contains("worst second"), "{stdout}");
     let data = out.path().join("data");
     let probes: Vec<_> = std::fs::read_dir(&data)
         .map(|d| d.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("disk-probe")).collect())

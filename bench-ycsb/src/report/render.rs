@@ -169,26 +169,43 @@ pub(super) fn probe_table(report: &BenchReport) -> String {
     let inside = probed.iter().any(|(_, p)| !p.outside_throttle);
     let _ = writeln!(
         s,
-        "\ndisk probe: a 4 KiB direct read of a file on the same disk every {} ms, {}, while the clock ran (what the disk gave anyone then), ms",
+        "\ndisk probe: a 4 KiB direct read of a file on the same disk every {} ms, {}, while the clock ran (what the disk gave anyone then), ms; the clients' worst second (its p99, and when), and the disk stalls (probe reads of {} ms or more: when each ended, s, and what it took, ms)",
         first.interval_ms,
-        if inside { "INSIDE the throttle in some repeats" } else { "outside the throttle" }
+        if inside { "INSIDE the throttle in some repeats" } else { "outside the throttle" },
+        crate::disk_probe::DISK_STALL.as_millis()
     );
     let _ = writeln!(
         s,
-        "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10}",
-        "system #", "client p99", "probe p50", "probe p99", "probe max", "reads", "reads ≥1ms"
+        "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10} {:>15}  disk stalls",
+        "system #", "client p99", "probe p50", "probe p99", "probe max", "reads", "reads ≥1ms", "worst second",
     );
     for (r, p) in &probed {
+        let worst = r
+            .seconds
+            .iter()
+            .max_by_key(|x| x.p99_us)
+            .map(|x| format!("{} @{}s", ms(x.p99_us as f64), x.t))
+            .unwrap_or_default();
+        let mut stalls: Vec<String> = p
+            .stalls
+            .iter()
+            .map(|x| format!("{:.1}s: {}", x.end_us as f64 / 1e6, ms(f64::from(x.latency_us))))
+            .collect();
+        if p.stall_reads > p.stalls.len() as u64 {
+            stalls.push(format!("and {} more", p.stall_reads - p.stalls.len() as u64));
+        }
         let _ = writeln!(
             s,
-            "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10}",
+            "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10} {:>15}  {}",
             format!("{} #{}", r.name, r.repeat),
             ms(r.p99_us as f64),
             ms(p.p50_us as f64),
             ms(p.p99_us as f64),
             ms(p.max_us as f64),
             p.reads,
-            p.reads_over_1ms
+            p.reads_over_1ms,
+            worst,
+            if stalls.is_empty() { "-".to_owned() } else { stalls.join(", ") }
         );
     }
     s
