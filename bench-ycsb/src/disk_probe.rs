@@ -9,7 +9,7 @@
 //! of its own, next to the data, every `interval` (20 ms by default: 50
 //! reads, 200 KiB a second, the same for every system), and keeps each
 //! read's latency with the time it ended. The report takes the reads that
-//! ended while a repeat's clock ran ([`DiskProbe::between`]).
+//! ended while a repeat's clock ran ([`DiskProbe::reads`]).
 //!
 //! On a kernel device the probe thread is kept out of the run's cgroup
 //! (cgroup v1 moves single threads: [`crate::kernel::Cgroup::exempt_thread`]),
@@ -242,12 +242,6 @@ impl DiskProbe {
             .collect()
     }
 
-    /// What the reads that ended in `[from, to)` measured; `None` when
-    /// there were none.
-    pub fn between(&self, from: Instant, to: Instant, outside_throttle: bool) -> Option<ProbeStats> {
-        self.stats_of(&self.reads(from, to), outside_throttle)
-    }
-
     /// What `reads` (from [`DiskProbe::reads`]) measured; `None` when there
     /// are none.
     pub fn stats_of(&self, reads: &[ProbeRead], outside_throttle: bool) -> Option<ProbeStats> {
@@ -386,7 +380,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(500));
         let to = Instant::now();
         assert_eq!(probe.error(), None);
-        let s = probe.between(from, to, true).expect("reads in 500 ms");
+        let s = probe.stats_of(&probe.reads(from, to), true).expect("reads in 500 ms");
         // 100 ticks of 5 ms; a slow disk or a busy CPU makes fewer.
         assert!(s.reads >= 10 && s.reads <= 101, "{s:?}");
         assert!(s.p50_us <= s.p99_us && s.p99_us <= s.max_us && s.p50_us > 0, "{s:?}");
@@ -396,7 +390,8 @@ mod tests {
         assert!(r.windows(2).all(|w| w[0].end_us <= w[1].end_us), "{r:?}");
         assert!(r.iter().all(|x| x.end_us < (to - from).as_micros() as u64), "{r:?}");
         assert_eq!(r.iter().map(|x| u64::from(x.latency_us)).max(), Some(s.max_us));
-        assert!(probe.between(to + Duration::from_secs(60), to + Duration::from_secs(61), true).is_none());
+        let later = probe.reads(to + Duration::from_secs(60), to + Duration::from_secs(61));
+        assert!(probe.stats_of(&later, true).is_none());
         let dir = probe.dir().to_path_buf();
         drop(probe);
         assert!(!dir.exists(), "the probe's directory is left: {}", dir.display());

@@ -186,14 +186,6 @@ pub(super) fn probe_table(report: &BenchReport) -> String {
             .max_by_key(|x| x.p99_us)
             .map(|x| format!("{} @{}s", ms(x.p99_us as f64), x.t))
             .unwrap_or_default();
-        let mut stalls: Vec<String> = p
-            .stalls
-            .iter()
-            .map(|x| format!("{:.1}s: {}", x.end_us as f64 / 1e6, ms(f64::from(x.latency_us))))
-            .collect();
-        if p.stall_reads > p.stalls.len() as u64 {
-            stalls.push(format!("and {} more", p.stall_reads - p.stalls.len() as u64));
-        }
         let _ = writeln!(
             s,
             "{:<22} {:>11} {:>10} {:>10} {:>10} {:>8} {:>10} {:>15}  {}",
@@ -205,10 +197,27 @@ pub(super) fn probe_table(report: &BenchReport) -> String {
             p.reads,
             p.reads_over_1ms,
             worst,
-            if stalls.is_empty() { "-".to_owned() } else { stalls.join(", ") }
+            stalls_cell(p)
         );
     }
     s
+}
+
+/// The disk stalls of one repeat, as the probe table lists them: when each
+/// ended and what it took, `-` for none, and `not recorded` for a run
+/// made before bench-ycsb kept them (its slowest read is a stall, its list
+/// empty).
+fn stalls_cell(p: &crate::disk_probe::ProbeStats) -> String {
+    if p.stalls.is_empty() {
+        let stalled = u128::from(p.max_us) >= crate::disk_probe::DISK_STALL.as_micros();
+        return if stalled { "not recorded (an older run)".to_owned() } else { "-".to_owned() };
+    }
+    let mut stalls: Vec<String> =
+        p.stalls.iter().map(|x| format!("{:.1}s: {}", x.end_us as f64 / 1e6, ms(f64::from(x.latency_us)))).collect();
+    if p.stall_reads > p.stalls.len() as u64 {
+        stalls.push(format!("and {} more", p.stall_reads - p.stalls.len() as u64));
+    }
+    stalls.join(", ")
 }
 
 /// The work each system left when the clock stopped (medians over
@@ -561,4 +570,36 @@ pub fn figures_md(
         let _ = writeln!(s, "\n![throughput]({rel}/throughput.svg)\n![p99]({rel}/p99.svg)");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk_probe::{ProbeRead, ProbeStats};
+
+    fn probe(max_us: u64, stall_reads: u64, stalls: Vec<ProbeRead>) -> ProbeStats {
+        ProbeStats {
+            interval_ms: 20,
+            reads: 2000,
+            p50_us: 80,
+            p99_us: 170,
+            max_us,
+            reads_over_1ms: stall_reads,
+            stall_reads,
+            stalls,
+            outside_throttle: true,
+        }
+    }
+
+    /// A stall is listed with when it ended; none is `-`; a run from
+    /// before the list, whose slowest read was a stall, says so rather
+    /// than `-`.
+    #[test]
+    fn the_stalls_cell_tells_none_from_not_recorded() {
+        let one = vec![ProbeRead { end_us: 24_100_000, latency_us: 99_434 }];
+        assert_eq!(stalls_cell(&probe(99_434, 1, one.clone())), format!("24.1s: {}", ms(99_434.0)));
+        assert_eq!(stalls_cell(&probe(99_434, 3, one)), format!("24.1s: {}, and 2 more", ms(99_434.0)));
+        assert_eq!(stalls_cell(&probe(8_160, 0, Vec::new())), "-");
+        assert_eq!(stalls_cell(&probe(60_673, 0, Vec::new())), "not recorded (an older run)");
+    }
 }
