@@ -47,7 +47,10 @@ Examples:
   bench-ycsb run --base /tmp/ycsb-base --out run1
 
   # Re-plot saved results:
-  bench-ycsb report results";
+  bench-ycsb report results
+
+  # Several runs of one command, pooled against plain RocksDB:
+  bench-ycsb pool run1 run2 run3 --target 1.1";
 
 /// The longest a disk probe runs (a bound on its loop; a comparison drops
 /// its probe when it ends).
@@ -81,6 +84,28 @@ enum Command {
         /// Directory with summary.json.
         dir: PathBuf,
     },
+    /// Pool several runs of one command: per system, each run's p99 ratio
+    /// to the baseline, and every repeat paired with the baseline's repeat
+    /// of the same number, with a bootstrap interval over runs (see
+    /// bench_ycsb::pool).
+    Pool(PoolArgs),
+}
+
+#[derive(Args)]
+struct PoolArgs {
+    /// Results directories (each with summary.json) of one command.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// The system ratios are to (a name or an alias, e.g. passthrough).
+    #[arg(long, default_value = "rocksdb")]
+    baseline: String,
+    /// A ratio to hold each run to (e.g. 1.1): the table says how many
+    /// runs' p99 ratio was at or under it.
+    #[arg(long)]
+    target: Option<f64>,
+    /// Also write pool.txt and pool.json here.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -1058,6 +1083,27 @@ fn command_line() -> String {
     s
 }
 
+/// `bench-ycsb pool`: reads, checks, pools, prints (and writes).
+fn pool_runs(a: &PoolArgs) -> Result<()> {
+    if let Some(t) = a.target
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(Error::Usage(format!("--target: {t} is not a positive ratio")));
+    }
+    let baseline = SystemKind::parse_list(&a.baseline)?;
+    let [baseline] = baseline.as_slice() else {
+        return Err(Error::Usage(format!("--baseline: '{}' is not one system", a.baseline)));
+    };
+    let runs = crate::pool::read_runs(&a.dirs)?;
+    let p = crate::pool::pool(&runs, baseline.name(), a.target)?;
+    print!("{}", crate::pool::table(&p));
+    if let Some(out) = &a.out {
+        crate::pool::write(&p, out)?;
+        println!("pool.txt and pool.json in {}", out.display());
+    }
+    Ok(())
+}
+
 /// Runs the command line `args` (the program name first) and returns the
 /// exit status: 0 on success, 2 when the input was bad or the run failed
 /// (the error is on stderr, naming what was wrong).
@@ -1105,6 +1151,7 @@ pub fn main(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> u8 {
         Command::Report { dir } if !dir.join("summary.json").exists() && dir.join("figures.md").exists() => {
             refigure(&dir)
         }
+        Command::Pool(a) => pool_runs(&a),
         Command::Report { dir } => report::read(&dir).and_then(|r| {
             report::write_all(&r, &dir)?;
             println!("{}", report::table(&r));

@@ -34,6 +34,7 @@ pub mod disk_probe;
 mod error;
 pub mod generator;
 pub mod kernel;
+pub mod pool;
 pub mod profile;
 pub mod report;
 pub mod runner;

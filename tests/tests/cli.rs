@@ -235,6 +235,40 @@ fn bad_input_is_an_error_naming_what_was_wrong() {
     }
 }
 
+/// `pool` over stored runs of one command prints and writes the pooled
+/// table; runs of different commands, or a baseline a run lacks, exit 2
+/// naming the directory and what differs.
+#[test]
+fn pool_pools_runs_of_one_command_and_refuses_others() {
+    let results = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+    let calm = ["calm-light-kernel-2026-12-06k", "calm-light-kernel-2026-12-06l", "calm-light-kernel-2026-12-06m"]
+        .map(|d| results.join(d));
+    let out = tempfile::tempdir().unwrap();
+    let o = bench().arg("pool").args(&calm).args(["--target", "1.1", "--out"]).arg(out.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("pooled: 3 runs") && stdout.contains("paio-adaptive"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("pool.json")).unwrap()).unwrap();
+    let default = json["systems"].as_array().unwrap().iter().find(|s| s["name"] == "paio-adaptive").unwrap();
+    assert_eq!(default["repeats"], 15);
+    assert_eq!(default["paired_p99"]["pairs"], 15);
+    assert_eq!(default["run_p99_ratios"].as_array().unwrap().len(), 3);
+    assert!(default["paired_p99"]["interval"].is_array(), "3 runs: an interval");
+    // pool.txt is the table printed.
+    let txt = std::fs::read_to_string(out.path().join("pool.txt")).unwrap();
+    assert!(txt.starts_with("pooled: 3 runs") && stdout.contains(&txt), "{txt}");
+    // A calm run with the default's mechanisms off is another command.
+    let off = results.join("calm-light-kernel-2026-12-07-mechanisms-off/first");
+    let o = bench().arg("pool").arg(&calm[0]).arg(&off).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("mechanisms-off/first") && err.contains("config."), "{err}");
+    let o = bench().arg("pool").arg(&calm[0]).args(["--baseline", "paio-static"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("paio-static"));
+}
+
 /// Whether this machine can throttle a disk with a cgroup: root, and
 /// cgroup v1 blkio or v2 with the io controller. `Err` says what is missing.
 fn kernel_throttle_available() -> Result<(), String> {
