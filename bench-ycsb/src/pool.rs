@@ -19,8 +19,9 @@
 //!   fewer than 3 runs there is no interval.
 //!
 //! Only runs of one command pool: the workload, profile, start, threads,
-//! schedule, seed, device and every setting in `config` must be the same,
-//! and an error names the directory and the first setting that differs.
+//! schedule, seed, device, every setting in `config`, the clients' timer
+//! slack and the disk probe's interval must be the same, and an error
+//! names the directory and the first setting that differs.
 //! Machines and commits may differ; the table lists each run's.
 
 use std::fmt::Write as _;
@@ -130,6 +131,7 @@ pub fn check_same_command(runs: &[(PathBuf, BenchReport)]) -> Result<()> {
         ];
         let differs = fields
             .into_iter()
+            .chain(run_settings(first, r))
             .find(|(_, a, b)| a != b)
             .map(|(f, a, b)| (f.to_string(), a, b))
             .or_else(|| first_difference("config", &first.config, &r.config));
@@ -142,6 +144,26 @@ pub fn check_same_command(runs: &[(PathBuf, BenchReport)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a run's repeats record of how the load generator ran, which
+/// `config` does not hold: the clients' timer slack (runs before it was
+/// recorded slept with Linux's 50 µs default, each sleep about 75 µs late)
+/// and the disk probe's interval (off, or runs from before it existed).
+fn run_settings(first: &BenchReport, r: &BenchReport) -> [(&'static str, String, String); 2] {
+    let slack = |r: &BenchReport| {
+        r.systems.first().and_then(|s| s.issue_lateness.as_ref()).and_then(|l| l.timer_slack_ns).map_or_else(
+            || "not recorded (a run from before the clients' timer slack was set and recorded)".to_string(),
+            |ns| format!("{ns} ns"),
+        )
+    };
+    let probe = |r: &BenchReport| {
+        r.systems
+            .first()
+            .and_then(|s| s.disk_probe.as_ref())
+            .map_or_else(|| "off or not recorded".to_string(), |p| format!("every {} ms", p.interval_ms))
+    };
+    [("the clients' timer slack", slack(first), slack(r)), ("the disk probe", probe(first), probe(r))]
 }
 
 /// The first key (as a dotted path under `path`) where `a` and `b` differ,
@@ -478,6 +500,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("third: profile is constant 2000 ops/s"), "{e}");
+        // The load generator's own settings count too.
+        let mut d = stored();
+        for s in &mut d.systems {
+            s.issue_lateness.as_mut().unwrap().timer_slack_ns = None;
+        }
+        let e = check_same_command(&[(PathBuf::from("first"), a.clone()), (PathBuf::from("old"), d)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("old: the clients' timer slack is not recorded") && e.contains("has 1 ns"), "{e}");
+        let mut f = stored();
+        for s in &mut f.systems {
+            s.disk_probe = None;
+        }
+        let e = check_same_command(&[(PathBuf::from("first"), a.clone()), (PathBuf::from("unprobed"), f)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unprobed: the disk probe is off") && e.contains("every 20 ms"), "{e}");
         let e = pool(&[(PathBuf::from("first"), a)], "paio-silk", None).unwrap_err().to_string();
         assert!(e.contains("first") && e.contains("paio-silk") && e.contains("paio-adaptive"), "{e}");
         let e = read_runs(&[]).unwrap_err().to_string();
