@@ -20,6 +20,7 @@ mod summary;
 
 pub use render::{debt_table, figures_md, levels_table, read, svg_plot, table, timeseries_csv, write_all};
 pub use summary::{Medians, medians};
+pub(crate) use summary::{median, per_system, range};
 /// Percentiles of one histogram, in microseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {

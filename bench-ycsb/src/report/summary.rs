@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::{BenchReport, SystemReport};
 
 /// Median of the systems' repeats, per system name.
-pub(super) fn per_system(report: &BenchReport) -> Vec<(String, Vec<&SystemReport>)> {
+pub(crate) fn per_system(report: &BenchReport) -> Vec<(String, Vec<&SystemReport>)> {
     let mut order: Vec<String> = Vec::new();
     for s in &report.systems {
         if !order.contains(&s.name) {
@@ -17,7 +17,7 @@ pub(super) fn per_system(report: &BenchReport) -> Vec<(String, Vec<&SystemReport
 }
 
 /// The median of `v` (NaN when empty).
-pub(super) fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -86,6 +86,6 @@ pub fn medians(report: &BenchReport) -> Vec<Medians> {
 }
 
 /// The lowest and the highest of `v` (NaN when empty).
-pub(super) fn range(v: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(crate) fn range(v: impl Iterator<Item = f64>) -> (f64, f64) {
     v.fold((f64::NAN, f64::NAN), |(lo, hi), x| (lo.min(x), hi.max(x)))
 }
