@@ -50,13 +50,15 @@
 //!    and an L0 compaction's reads fill the read side while `D - Fg` still
 //!    looks roomy, and the kernel queues client reads behind compaction
 //!    reads.
-//! 7. **Idle in calm hours.** While every instance is healthy and runs no
-//!    flush or compaction, there is nothing to limit until a job begins,
-//!    so the policy lets the loop sleep for `idle_interval` (100 ms)
-//!    instead of cycling every 10 ms; the stage wakes the loop when a job
-//!    starts ([`crate::StageHandle::watch_jobs`]), so a job is seen at
-//!    least as soon as at the 10 ms interval. A calm store is then read
-//!    ten times a second, not a hundred.
+//! 7. **Idle while no job runs.** While no instance runs a flush or
+//!    compaction, healthy or contended, no byte passes the DRLs the policy
+//!    sets, and there is nothing to limit until a job begins, so the
+//!    policy lets the loop sleep for `idle_interval` (100 ms) instead of
+//!    cycling every 10 ms; the stage wakes the loop when a job starts
+//!    ([`crate::StageHandle::watch_jobs`]), so a job is seen at least as
+//!    soon as at the 10 ms interval. A store with no job is then read ten
+//!    times a second, not a hundred: busy clients between jobs (warm
+//!    mixture's peaks) no longer keep the loop waking every 10 ms.
 
 use kv_stage::RequestContext as C;
 use serde::Serialize;
@@ -555,16 +557,17 @@ impl Policy for Adaptive {
             let (note, mode) = self.decide_one(v, now_s, &mut settings);
             notes.push(note);
             branches.push((v.key, mode.as_str()));
-            idle &= mode == AdaptiveMode::Healthy && v.collection.jobs.iter().all(|j| j.counts.running == 0);
+            idle &= v.collection.jobs.iter().all(|j| j.counts.running == 0);
         }
         self.idle = idle;
         Ok(Decision { settings, notes: serde_json::Value::Array(notes), branches })
     }
 
-    /// Item 7 of the module documentation: while every instance is healthy
-    /// (every background DRL unlimited) and no job runs, nothing the policy
-    /// limits can change before a job begins, so the loop may sleep up to
-    /// `idle_interval`; a job's start wakes it.
+    /// Item 7 of the module documentation: while no flush or compaction
+    /// runs on any instance, healthy or contended, no byte passes the DRLs
+    /// the policy sets, and nothing it limits can change before a job
+    /// begins, so the loop may sleep up to `idle_interval`; a job's start
+    /// wakes it, and its first cycle sets the job's limits.
     fn idle_interval(&self) -> Option<std::time::Duration> {
         self.idle.then_some(self.config.idle_interval)
     }

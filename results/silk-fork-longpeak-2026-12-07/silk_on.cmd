@@ -1,0 +1,4 @@
+=== silk_on: env [SILK_ON=1] flags: --silk_pause_compaction=true --silk_pause_threshold_mbps=20 --silk_total_bandwidth_mbps=64 --dynamic_compaction_rate=true --rate_limiter_bytes_per_sec=64000000 ===
+/tmp/anchors/silk/src/db_bench --db=/tmp/anchors/silk/db --benchmarks=longpeak --threads=15 --duration=120 --longpeak_warmup_s=0 --longpeak_valley_s=10 --longpeak_peak_s=50 --value_size=1024 --num=5000000 --compression_type=none --bloom_bits=10 --write_buffer_size=67108864 --max_write_buffer_number=4 --max_background_compactions=2 --max_background_flushes=2 --use_direct_io_for_flush_and_compaction=true --use_direct_reads=true --histogram=1 --stats_interval=100 --stats_interval_seconds=1 --SILK_bandwidth_check_interval=10000 --ops_between_duration_checks=1 --silk_pause_compaction=true --silk_pause_threshold_mbps=20 --silk_total_bandwidth_mbps=64 --dynamic_compaction_rate=true --rate_limiter_bytes_per_sec=64000000
+rc=124 wall=240s
+1.3G	/tmp/anchors/silk/db
