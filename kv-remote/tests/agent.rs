@@ -270,8 +270,11 @@ fn a_lease_that_runs_out_restores_the_stage_own_rates() {
     })
     .expect("the stage never fell back");
     let after = stopped.elapsed();
+    // Not before the lease ran out (it runs from the controller's last
+    // renewal, a little before `stopped`); the upper bound is loose: a
+    // busy CI machine wakes the agent's watcher late.
     assert!(
-        after >= lease - Duration::from_millis(110) && after <= lease + Duration::from_millis(200),
+        after >= lease - Duration::from_millis(110) && after <= lease + Duration::from_millis(1000),
         "{after:?} ({waited:?})"
     );
     assert_eq!(agent.stats().fallbacks, 1);

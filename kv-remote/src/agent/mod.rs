@@ -715,7 +715,12 @@ pub(crate) fn stats_of(c: &Core) -> AgentStats {
         refused_token: c.refused_token.load(Ordering::Relaxed),
         refused_version: c.refused_version.load(Ordering::Relaxed),
         refused_invalid: sum(|s| s.refused_invalid.load(Ordering::Relaxed)) + c.refused_stage.load(Ordering::Relaxed),
-        fallbacks: sum(|s| s.fallbacks.load(Ordering::Relaxed)),
+        // Under each slot's lease lock: a fallback under way (its stage
+        // already restored) is counted before the lock is released.
+        fallbacks: sum(|s| {
+            let _held = s.lease.lock().unwrap_or_else(|e| e.into_inner());
+            s.fallbacks.load(Ordering::Relaxed)
+        }),
         refused_connections: c.refused_connections.load(Ordering::Relaxed),
         idle_closed: c.idle_closed.load(Ordering::Relaxed),
         leased: c.slots.iter().any(|s| s.lease.lock().unwrap_or_else(|e| e.into_inner()).deadline().is_some()),

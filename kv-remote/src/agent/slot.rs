@@ -294,8 +294,12 @@ impl Shared {
         match result {
             Ok(what) => {
                 lease.fell_back();
-                drop(lease);
+                // Counted before the lease lock is released: the restored
+                // stage is visible from here on, and `stats` reads this
+                // counter under the same lock, so whoever sees the stage
+                // restored and then asks the agent sees the fallback too.
                 let n = self.fallbacks.fetch_add(1, Ordering::Relaxed) + 1;
+                drop(lease);
                 tracing::warn!(
                     agent = self.name.as_str(),
                     fallback = n,
