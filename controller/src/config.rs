@@ -319,9 +319,10 @@ mod tests {
         assert_eq!(adaptive.effective_interval(), Duration::from_millis(10));
         // The per-direction keys, commented out in the example.
         let directed = ControllerConfig::from_toml(
-            "policy = \"adaptive\"\n[adaptive]\nread_bandwidth = \"56MiB/s\"\nwrite_bandwidth = \"28MiB/s\"\nidle_interval = \"1s\"\ndemand_memory = \"750ms\"\n",
+            "policy = \"adaptive\"\n[adaptive]\nread_bandwidth = \"56MiB/s\"\nwrite_bandwidth = \"28MiB/s\"\nidle_interval = \"1s\"\ndemand_memory = \"750ms\"\ndeep_at_floor = true\n",
         )
         .unwrap();
+        assert!(directed.adaptive.deep_at_floor);
         assert_eq!(directed.adaptive.idle_interval, Duration::from_secs(1));
         assert_eq!(directed.adaptive.demand_memory, Duration::from_millis(750));
         assert_eq!(

@@ -19,7 +19,8 @@
 //!    `left = max(D - Fg, min_B)` (as the store's pressure goes from
 //!    `ramp_from` to `ramp_to`), split as Algorithm 1 splits `left_B`:
 //!    flushes and L0->L1 compactions first, deeper compactions `min_B`
-//!    while those run and the whole budget when they do not. Flushes and
+//!    while those run and the whole budget when they do not (with
+//!    `deep_at_floor`, `min_B` then too, off by default). Flushes and
 //!    L0 compactions get at least `ingest_pace` times the clients' file
 //!    writes (in RocksDB, the write-ahead log), up to `left`: the pace they
 //!    must keep so that memtables and L0 files do not pile up while
@@ -332,7 +333,7 @@ impl Adaptive {
                 (false, true) => (min, ingest),
                 (false, false) => (min, min),
             };
-            let ln = if flush_active || l0_active { min } else { budget };
+            let ln = if c.deep_at_floor || flush_active || l0_active { min } else { budget };
             (AdaptiveMode::Contended, f, l, ln)
         };
         AdaptiveInputs {
@@ -639,6 +640,31 @@ mod tests {
         assert!(!x.busy && x.b_l0.is_infinite() && x.b_ln.is_infinite(), "{x:?}");
         let x = p.compute(1.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(0.5), Some(1.0), false, true, NONE);
         assert_eq!(x.mode, AdaptiveMode::Contended, "{x:?}");
+    }
+
+    /// `deep_at_floor`: while contended, compactions below L1 stay at the
+    /// floor even with the ingest path idle and the backlog at its ramp's
+    /// top; flushes and L0 compactions are split as without it, and a
+    /// healthy store is still unlimited.
+    #[test]
+    fn deep_at_floor_holds_deep_compactions_while_contended() {
+        let p = policy();
+        let floor = Adaptive::new(&AdaptiveConfig { deep_at_floor: true, ..p.config.clone() });
+        for level in [0.0, 0.5, 0.8] {
+            let x = p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(level), Some(0.0), false, false, NONE);
+            let y = floor.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(level), Some(0.0), false, false, NONE);
+            assert!(x.b_ln / MIB >= 20.0 - 1e-6, "{x:?}");
+            assert_eq!(y.mode, AdaptiveMode::Contended, "{y:?}");
+            assert_eq!(mib((y.b_flush, y.b_l0, y.b_ln)), (4.0, 4.0, 4.0), "pressure {level}");
+            let (x, y) = (
+                p.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(level), Some(0.0), true, false, NONE),
+                floor.compute(2.0 * MIB, 0.0, 1000.0, 50.0 * MIB, backlog(level), Some(0.0), true, false, NONE),
+            );
+            assert_eq!(mib((x.b_flush, x.b_l0, x.b_ln)), mib((y.b_flush, y.b_l0, y.b_ln)));
+        }
+        let y = floor.compute(2.0 * MIB, 0.0, 1000.0, 10.0 * MIB, backlog(0.5), None, false, false, NONE);
+        assert_eq!(y.mode, AdaptiveMode::Healthy, "{y:?}");
+        assert!(y.b_ln.is_infinite(), "{y:?}");
     }
 
     /// A busy device (the store's traffic at 75% of `D`) or busy clients:

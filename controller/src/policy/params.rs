@@ -178,6 +178,14 @@ pub struct AdaptiveConfig {
     /// the default nearer its target (results/write-peaks-kernel-2026-12-05d).
     #[serde(default = "AdaptiveConfig::default_demand_memory", with = "kv_stage::units::duration_str")]
     pub demand_memory: Duration,
+    /// While contended, compactions below L1 stay at `min_bandwidth` even
+    /// when no flush or L0 compaction runs: SILK's order taken further,
+    /// the deepest work waits until the clients leave. Store pressure does
+    /// not lift this floor, so the backlog it leaves is paid in quiet
+    /// moments only. `false` (the default): while the ingest path is idle
+    /// they get the contended budget.
+    #[serde(default)]
+    pub deep_at_floor: bool,
 }
 
 impl AdaptiveConfig {
@@ -250,6 +258,7 @@ impl Default for AdaptiveConfig {
             write_bandwidth: None,
             idle_interval: Self::default_idle_interval(),
             demand_memory: Self::default_demand_memory(),
+            deep_at_floor: false,
         }
     }
 }
