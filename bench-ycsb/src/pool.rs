@@ -178,6 +178,7 @@ fn first_difference(path: &str, a: &serde_json::Value, b: &serde_json::Value) ->
                 let sub = format!("{path}.{k}");
                 match (x.get(k), y.get(k)) {
                     (Some(p), Some(q)) => first_difference(&sub, p, q),
+                    (None, Some(v)) | (Some(v), None) if was_before_recorded(&sub, v) => None,
                     (p, q) => Some((sub, show(p), show(q))),
                 }
             })
@@ -185,6 +186,21 @@ fn first_difference(path: &str, a: &serde_json::Value, b: &serde_json::Value) ->
         _ if a != b => Some((path.to_string(), a.to_string(), b.to_string())),
         _ => None,
     }
+}
+
+/// Settings added to the configuration after runs were recorded, with the
+/// value every run from before them had in effect: a run that records no
+/// such key pools with one that records that value (and only that value).
+const ADDED_LATER: &[(&str, &str)] = &[
+    // Before it existed, deep compactions got the contended budget while
+    // the ingest path was idle: `false`.
+    ("config.adaptive.deep_at_floor", "false"),
+];
+
+/// Whether `value` at `path`, absent from the other run, is what that run
+/// had in effect before the setting was recorded.
+fn was_before_recorded(path: &str, value: &serde_json::Value) -> bool {
+    ADDED_LATER.iter().any(|(p, v)| *p == path && value.to_string() == *v)
 }
 
 fn show(v: Option<&serde_json::Value>) -> String {
@@ -502,6 +518,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unprobed: the disk probe is off") && e.contains("every 20 ms"), "{e}");
+        // A setting added later pools with runs from before it at the value
+        // they had in effect, and with no other.
+        let mut g = stored();
+        g.config["adaptive"]["deep_at_floor"] = serde_json::json!(false);
+        check_same_command(&[(PathBuf::from("first"), a.clone()), (PathBuf::from("newer"), g.clone())]).unwrap();
+        check_same_command(&[(PathBuf::from("newer"), g.clone()), (PathBuf::from("first"), a.clone())]).unwrap();
+        g.config["adaptive"]["deep_at_floor"] = serde_json::json!(true);
+        let e = check_same_command(&[(PathBuf::from("first"), a.clone()), (PathBuf::from("floored"), g)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("floored: config.adaptive.deep_at_floor is true") && e.contains("has absent"), "{e}");
         let e = pool(&[(PathBuf::from("first"), a)], "paio-silk", None).unwrap_err().to_string();
         assert!(e.contains("first") && e.contains("paio-silk") && e.contains("paio-adaptive"), "{e}");
         let e = read_runs(&[]).unwrap_err().to_string();
