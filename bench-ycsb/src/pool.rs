@@ -191,16 +191,16 @@ fn first_difference(path: &str, a: &serde_json::Value, b: &serde_json::Value) ->
 /// Settings added to the configuration after runs were recorded, with the
 /// value every run from before them had in effect: a run that records no
 /// such key pools with one that records that value (and only that value).
-const ADDED_LATER: &[(&str, &str)] = &[
+const ADDED_LATER: &[(&str, serde_json::Value)] = &[
     // Before it existed, deep compactions got the contended budget while
     // the ingest path was idle: `false`.
-    ("config.adaptive.deep_at_floor", "false"),
+    ("config.adaptive.deep_at_floor", serde_json::Value::Bool(false)),
 ];
 
 /// Whether `value` at `path`, absent from the other run, is what that run
 /// had in effect before the setting was recorded.
 fn was_before_recorded(path: &str, value: &serde_json::Value) -> bool {
-    ADDED_LATER.iter().any(|(p, v)| *p == path && value.to_string() == *v)
+    ADDED_LATER.iter().any(|(p, v)| *p == path && value == v)
 }
 
 fn show(v: Option<&serde_json::Value>) -> String {
